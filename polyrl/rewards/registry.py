@@ -1,0 +1,32 @@
+"""Verifier names -> implementations, imported lazily (a sandbox backend or a reward
+model should not load when only math is scored)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from polyrl.rewards.base import Verifier
+
+# name -> "module:Class". Each class takes keyword options and implements Verifier.
+_VERIFIERS: dict[str, str] = {
+    "answer_verify": "polyrl.rewards.answer_verify:AnswerVerify",
+    "unit_test_pass": "polyrl.rewards.unit_test_pass:UnitTestPass",
+}
+
+
+class UnknownVerifier(KeyError):
+    def __str__(self) -> str:
+        return f"unknown verifier {self.args[0]!r}; available: {', '.join(available_verifiers())}"
+
+
+def available_verifiers() -> list[str]:
+    return sorted(_VERIFIERS)
+
+
+def get_verifier(name: str, **options: Any) -> Verifier:
+    if name not in _VERIFIERS:
+        raise UnknownVerifier(name)
+    module_name, _, class_name = _VERIFIERS[name].partition(":")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    return cls(**options)
