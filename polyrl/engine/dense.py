@@ -1,0 +1,165 @@
+"""The first native engine: batched generation over a dense (contiguous) KV cache.
+
+Each call left-pads its prompts into one batch, prefills every distinct prompt once,
+copies that prompt cache to the prompt's n samples (a GRPO group computes its prompt
+once), then decodes all rows in lock-step, dropping rows from the batch as they finish.
+
+Out of scope here: requests joining mid-flight (continuous batching), block sharing
+across calls (prefix caching) and preemption; the paged engine adds those behind the
+same Engine interface.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from polyrl.engine.base import SamplingParams
+from polyrl.engine.sampler import sample_next
+from polyrl.models.tokenizer import Tokenizer
+from polyrl.models.transformer import Transformer
+from polyrl.types import Completion
+
+
+class DenseKVCache:
+    """AttentionBackend storing keys/values of all rows at shared column offsets.
+
+    Rows are left-padded, so column c holds token c of every row's padded sequence;
+    `key_valid` marks which columns are real tokens for each row.
+    """
+
+    def __init__(self, model: Transformer, batch: int, max_len: int, key_valid: torch.Tensor):
+        cfg = model.cfg
+        dtype = next(model.parameters()).dtype
+        shape = (batch, cfg.num_key_value_heads, max_len, cfg.head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype) for _ in range(cfg.num_hidden_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype) for _ in range(cfg.num_hidden_layers)]
+        self.key_valid = key_valid  # (B, max_len) bool
+        self.length = 0  # columns written so far
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # q: (B, nh, T, hd); k, v: (B, nkv, T, hd)
+        T, end = q.shape[2], self.length + q.shape[2]
+        self.k[layer][:, :, self.length:end] = k
+        self.v[layer][:, :, self.length:end] = v
+        keys, values = self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+        causal = torch.ones(T, end, dtype=torch.bool).tril(diagonal=self.length)  # (T, end)
+        mask = causal[None, None] & self.key_valid[:, None, None, :end]  # (B, 1, T, end)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+
+    def advance(self, num_tokens: int) -> None:
+        self.length += num_tokens
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only `rows` (index tensor), in that order: used to fan out and to drop rows."""
+        self.k = [k.index_select(0, rows) for k in self.k]
+        self.v = [v.index_select(0, rows) for v in self.v]
+        self.key_valid = self.key_valid.index_select(0, rows)
+
+
+class DenseEngine:
+    """Engine over an in-process Transformer. `model` is owned by the engine: the trainer
+    passes new weights through update_weights, never by sharing parameters."""
+
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, weight_version: int = 0):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.weight_version = weight_version
+        self.stats = {"prefill_tokens": 0, "decode_tokens": 0}
+
+    @torch.no_grad()
+    def update_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+        own = self.model.state_dict()
+        missing = set(own) - set(weights)
+        if missing:
+            raise KeyError(f"update_weights: missing {sorted(missing)[:5]}")
+        for name, tensor in own.items():
+            tensor.copy_(weights[name])
+        self.weight_version = version
+
+    @torch.inference_mode()
+    def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingParams) -> list[Completion]:
+        assert n >= 1 and len(prompts) > 0
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("empty prompt: every prompt needs at least one token")
+        generator = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
+        stop_ids = torch.tensor(sorted(set(self.tokenizer.stop_token_ids()) | set(sampling.stop_token_ids)))
+
+        # Prefill each distinct prompt once, left-padded to a common length.
+        P, Lp = len(prompts), max(len(p) for p in prompts)
+        max_len = Lp + sampling.max_tokens
+        ids = torch.zeros(P, Lp, dtype=torch.long)
+        key_valid = torch.zeros(P, max_len, dtype=torch.bool)
+        prompt_len = torch.tensor([len(p) for p in prompts])
+        for i, p in enumerate(prompts):
+            ids[i, Lp - len(p):] = torch.tensor(p)
+            key_valid[i, Lp - len(p):] = True
+        positions = (torch.arange(Lp)[None, :] - (Lp - prompt_len)[:, None]).clamp(min=0)  # (P, Lp)
+        cache = DenseKVCache(self.model, P, max_len, key_valid)
+        hidden = self.model.hidden(ids, positions, cache)  # (P, Lp, D)
+        cache.advance(Lp)
+        logits = self.model.lm_head(hidden[:, -1]).float()  # (P, V)
+        self.stats["prefill_tokens"] += int(prompt_len.sum())
+
+        # Fan out: row r is sample r % n of prompt r // n.
+        fan = torch.arange(P).repeat_interleave(n)
+        cache.select(fan)
+        logits, next_pos = logits[fan], prompt_len[fan]
+        B = P * n
+        rows = torch.arange(B)  # original row id of each active batch row
+        out_tokens: list[list[int]] = [[] for _ in range(B)]
+        out_logprobs: list[list[float]] = [[] for _ in range(B)]
+        finish = ["length"] * B
+
+        for step in range(sampling.max_tokens):
+            tokens, logprobs = sample_next(logits, sampling.temperature, sampling.top_k, sampling.top_p, generator)
+            done = torch.isin(tokens, stop_ids)
+            for i, (r, t, lp) in enumerate(zip(rows.tolist(), tokens.tolist(), logprobs.tolist())):
+                out_tokens[r].append(t)
+                out_logprobs[r].append(lp)
+                if done[i]:
+                    finish[r] = "stop"
+                elif sampling.stop and _hits_stop_string(self.tokenizer, out_tokens[r], sampling.stop):
+                    finish[r] = "stop"
+                    done[i] = True
+            self.stats["decode_tokens"] += len(rows)
+            keep = (~done).nonzero().squeeze(-1)
+            if len(keep) == 0 or step == sampling.max_tokens - 1:
+                break
+            if len(keep) < len(rows):
+                cache.select(keep)
+                rows, tokens, next_pos = rows[keep], tokens[keep], next_pos[keep]
+            cache.key_valid[:, cache.length] = True
+            hidden = self.model.hidden(tokens[:, None], next_pos[:, None], cache)  # (B', 1, D)
+            cache.advance(1)
+            logits = self.model.lm_head(hidden[:, -1]).float()
+            next_pos = next_pos + 1
+
+        return [
+            Completion(
+                prompt_index=r // n,
+                text=_visible_text(self.tokenizer, out_tokens[r], finish[r], stop_ids, sampling.stop),
+                token_ids=out_tokens[r],
+                logprobs=out_logprobs[r],
+                finish_reason=finish[r],
+                weight_version=self.weight_version,
+            )
+            for r in range(B)
+        ]
+
+
+def _hits_stop_string(tokenizer: Tokenizer, tokens: list[int], stop: tuple[str, ...]) -> bool:
+    text = tokenizer.decode(tokens[-32:])  # a stop string completes within the last few tokens
+    return any(s in text for s in stop)
+
+
+def _visible_text(tokenizer: Tokenizer, tokens: list[int], finish: str, stop_ids: torch.Tensor,
+                  stop: tuple[str, ...]) -> str:
+    """The completion's text without its stop token, cut at the first stop string."""
+    if finish == "stop" and tokens and tokens[-1] in stop_ids.tolist():
+        tokens = tokens[:-1]
+    text = tokenizer.decode(tokens)
+    cuts = [text.find(s) for s in stop if s in text]
+    return text[:min(cuts)] if cuts else text

@@ -1,0 +1,23 @@
+"""Shared test fixtures: a tiny random model and a tokenizer built in a temp dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from polyrl.models.config import ModelConfig
+from polyrl.models.tokenizer import Tokenizer, save_tokenizer, train_tiny_tokenizer
+from polyrl.models.transformer import Transformer
+
+CORPUS = ["What is 47 + 38?", "47 + 38 = 85.\n\\boxed{85}", "Solve for x: 3x + 4 = 19.", "user", "assistant"] * 20
+
+
+def tiny_tokenizer(tmp: Path) -> Tokenizer:
+    save_tokenizer(train_tiny_tokenizer(CORPUS, vocab_size=300), tmp)
+    return Tokenizer.from_dir(tmp)
+
+
+def tiny_model(vocab_size: int, seed: int = 0, layers: int = 2) -> Transformer:
+    cfg = ModelConfig(model_type="qwen2", vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      tie_word_embeddings=True)
+    return Transformer(cfg, seed=seed).eval()
