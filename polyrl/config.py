@@ -1,0 +1,537 @@
+"""The run file: its schema, its loader, and errors that name the file, line and field.
+
+A run file is YAML. `load_config` parses it, validates it against `RunConfig` and, when
+anything is wrong, raises one `ConfigError` listing every problem, one per line:
+
+    run.yaml:12: trainer.lr: got -1; must be > 0
+    run.yaml:4: rl_tasks[0].wieght: unknown key 'wieght'; allowed: domain, reward, weight, pack, kl_coef, max_tokens; did you mean 'weight'?
+
+Every default lives in the field definitions below; a run file only states what differs.
+Out of scope: command-line overrides and what a field means at run time (the trainer,
+engine and domains own that); this file only checks that a run file is well formed and
+names things that exist (domains, verifiers, pack files).
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+import annotated_types as at
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+
+__all__ = [
+    "ConfigError",
+    "Problem",
+    "RLTask",
+    "ModelConfig",
+    "EngineConfig",
+    "TrainerConfig",
+    "EvalConfig",
+    "RunConfig",
+    "load_config",
+    "load_config_text",
+    "default_config",
+]
+
+_STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+# ---------------------------------------------------------------------------- schema
+
+
+class RLTask(BaseModel):
+    """One domain to train on, and how much of each batch it gets."""
+
+    model_config = _STRICT
+
+    domain: str
+    """built-in domain name (math, code, ...), or any name when `pack` is given"""
+    reward: str | None = None
+    """verifier name (answer_verify, unit_test_pass, ...); null = the domain's default"""
+    weight: float = Field(gt=0)
+    """relative share of training prompts drawn from this domain"""
+    pack: str | None = None
+    """JSONL task pack; a relative path is resolved against the run file's directory"""
+    kl_coef: float | None = Field(None, ge=0)
+    """per-domain override of trainer.kl_coef; null = use trainer.kl_coef"""
+    max_tokens: int | None = Field(None, gt=0)
+    """per-domain override of engine.max_tokens; null = use engine.max_tokens"""
+
+
+class ModelConfig(BaseModel):
+    """The policy being trained."""
+
+    model_config = _STRICT
+
+    path: str = "builtin:tiny"
+    """"builtin:tiny" (the built-in tiny model) or a Hugging Face model directory"""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """parameter dtype for training and rollouts"""
+
+
+class EngineConfig(BaseModel):
+    """Rollout generation."""
+
+    model_config = _STRICT
+
+    backend: Literal["native", "vllm"] = "native"
+    """rollout engine: polyrl's own ("native") or vLLM (optional extra, GPU only)"""
+    max_tokens: int = Field(48, gt=0)
+    """maximum completion length in tokens; longer completions are truncated"""
+    temperature: float = Field(1.0, gt=0)
+    """sampling temperature for training rollouts"""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """nucleus sampling mass; 1 = off"""
+    top_k: int = Field(0, ge=0)
+    """sample among the k most likely tokens; 0 = off"""
+
+
+class TrainerConfig(BaseModel):
+    """The GRPO-style optimisation loop."""
+
+    model_config = _STRICT
+
+    steps: int = Field(100, gt=0)
+    """number of optimizer steps (each one rollout batch)"""
+    prompts_per_step: int = Field(16, gt=0)
+    """prompts sampled per step, across all domains by weight"""
+    group_size: int = Field(8, ge=2)
+    """completions per prompt (G); advantages are relative within a group"""
+    lr: float = Field(1e-4, gt=0)
+    """AdamW learning rate"""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay"""
+    max_grad_norm: float = Field(1.0, gt=0)
+    """gradient norm clip"""
+    clip_low: float = Field(0.2, ge=0)
+    """PPO ratio clip below: ratio >= 1 - clip_low"""
+    clip_high: float = Field(0.28, ge=0)
+    """PPO ratio clip above: ratio <= 1 + clip_high (DAPO clip-higher)"""
+    kl_coef: float = Field(0.0, ge=0)
+    """KL penalty to the reference policy; 0 = no reference model is kept"""
+    ppo_epochs: int = Field(1, gt=0)
+    """passes over each rollout batch"""
+    minibatches: int = Field(1, gt=0)
+    """minibatches per epoch; must divide prompts_per_step * group_size"""
+    overlong: Literal["mask", "penalty", "none"] = "mask"
+    """truncated completions: "mask" drops them from the loss, "penalty" scores them 0"""
+    drop_zero_variance: bool = True
+    """skip groups whose rewards are all equal (they carry no advantage signal)"""
+    max_minutes: float | None = Field(None, gt=0)
+    """wall-clock cap on training; the run ends cleanly at the first step past it"""
+    checkpoint_every: int = Field(25, gt=0)
+    """save a checkpoint every this many steps (and at the end)"""
+
+
+class EvalConfig(BaseModel):
+    """Held-out evaluation during training."""
+
+    model_config = _STRICT
+
+    every: int = Field(10, ge=0)
+    """evaluate every this many steps; 0 = only before and after training"""
+    heldout_per_domain: int = Field(200, gt=0)
+    """held-out tasks per domain (a fixed set, the same before and after)"""
+    max_tokens: int | None = Field(None, gt=0)
+    """completion length for evaluation; null = engine.max_tokens"""
+    samples: int = Field(4, gt=0)
+    """samples per held-out task at the rollout temperature; accuracy = their mean reward"""
+    greedy: bool = True
+    """also report greedy (temperature 0) accuracy on the same tasks"""
+
+
+class RunConfig(BaseModel):
+    """A whole training run, as written in a run file."""
+
+    model_config = _STRICT
+
+    name: str | None = None
+    """run name; the default run directory is runs/<name or a timestamp>"""
+    seed: int = 0
+    """seed for task sampling, rollouts and initialisation"""
+    run_dir: str | None = None
+    """where to write metrics, trajectories and checkpoints; null = runs/<name>"""
+    curriculum: Literal["static"] = "static"
+    """how domain shares evolve: "static" keeps the given weights"""
+    rl_tasks: list[RLTask] = Field(min_length=1)
+    """the domains to train on, each listed once"""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """the policy"""
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    """rollout generation"""
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    """optimisation"""
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    """held-out evaluation"""
+
+    @model_validator(mode="after")
+    def check_names(self, info: ValidationInfo) -> RunConfig:
+        # load_config runs these checks itself (on the raw YAML, so they come with line
+        # numbers and alongside schema errors); this covers configs built in Python.
+        if info.context and info.context.get("skip_semantic_checks"):
+            return self
+        found = _semantic_problems(self.model_dump(), base_dir=None)
+        if found:
+            raise ValueError("; ".join(f"{_dotted(loc)}: {msg}" for loc, msg in found))
+        return self
+
+    def to_yaml(self) -> str:
+        """The resolved config with every field written; load_config_text reads it back equal."""
+        header = "# polyrl run config, resolved: every field written, defaults included\n"
+        return header + yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a run file. line is 1-based; None when not tied to a line."""
+
+    source: str
+    line: int | None
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        where = self.source if self.line is None else f"{self.source}:{self.line}"
+        return f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
+
+
+class ConfigError(Exception):
+    """A run file that cannot be used; `problems` lists everything wrong with it."""
+
+    def __init__(self, problems: list[Problem]):
+        assert problems, "ConfigError needs at least one problem"
+        self.problems = list(problems)
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """Read and validate a run file; pack paths resolve against the file's directory."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError([Problem(str(path), None, "", "run file not found")]) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError([Problem(str(path), None, "", f"cannot read run file: {e}")]) from None
+    return load_config_text(text, source=str(path), base_dir=path.resolve().parent)
+
+
+def load_config_text(text: str, source: str = "<string>", base_dir: str | Path | None = None) -> RunConfig:
+    """Validate run-file text. `source` names it in errors; `base_dir` anchors pack paths
+    (default: the current directory)."""
+    base = Path(base_dir) if base_dir is not None else Path.cwd()
+
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+        data = loader.construct_document(root) if root is not None else None
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        what = e.problem or e.context or "invalid YAML"
+        if e.context and e.problem:
+            started = f" at line {e.context_mark.line + 1}" if e.context_mark else ""
+            what += f" ({e.context}{started})"
+        if "\\t" in what:
+            what += "; indent YAML with spaces, not tabs"
+        line = mark.line + 1 if mark else None
+        raise ConfigError([Problem(source, line, "", f"YAML syntax error: {what}")]) from None
+    except yaml.YAMLError as e:
+        raise ConfigError([Problem(source, None, "", f"YAML syntax error: {e}")]) from None
+    finally:
+        loader.dispose()
+
+    top_keys = ", ".join(RunConfig.model_fields)
+    if root is None:
+        raise ConfigError([Problem(source, None, "", f"empty run file; expected a mapping with keys such as {top_keys} (rl_tasks is required)")])
+    if not isinstance(data, dict):
+        raise ConfigError([Problem(source, root.start_mark.line + 1, "", f"the top level must be a mapping with keys such as {top_keys}; got {_show(data)}")])
+
+    found: list[tuple[int, Problem]] = []  # (order, problem); sorted by line at the end
+
+    def add(loc: tuple, message: str, kind: str = "value") -> None:
+        found.append((len(found), Problem(source, _line_for(root, loc, kind), _dotted(loc), message)))
+
+    for loc, key_line, first_line in _duplicate_keys(root):
+        found.append((len(found), Problem(source, key_line, _dotted(loc), f"duplicate key; first given at line {first_line}, and only the last value would count")))
+
+    try:
+        config = RunConfig.model_validate(data, context={"skip_semantic_checks": True})
+    except ValidationError as e:
+        config = None
+        for err in e.errors(include_url=False):
+            loc, message, kind = _explain(err)
+            add(loc, message, kind)
+
+    for loc, message in _semantic_problems(data, base_dir=base):
+        add(loc, message)
+
+    if found:
+        found.sort(key=lambda item: (item[1].line if item[1].line is not None else 0, item[0]))
+        raise ConfigError([p for _, p in found])
+
+    assert config is not None
+    for task in config.rl_tasks:
+        if task.pack is not None:
+            task.pack = str(_resolve_pack(task.pack, base))
+    return config
+
+
+def default_config() -> RunConfig:
+    """The built-in quickstart run (polyrl/configs/quickstart.yaml)."""
+    resource = files("polyrl") / "configs" / "quickstart.yaml"
+    return load_config_text(resource.read_text(encoding="utf-8"), source="polyrl/configs/quickstart.yaml")
+
+
+# ---------------------------------------------------------------------------- checks pydantic cannot do
+
+
+def _semantic_problems(data: Any, base_dir: Path | None) -> list[tuple[tuple, str]]:
+    """Names that must exist and fields that must agree, as (loc, message).
+
+    Runs on raw YAML data too, so every check first makes sure the values it reads have
+    the right shape; a malformed value is left to the schema's own error.
+    """
+    problems: list[tuple[tuple, str]] = []
+    if not isinstance(data, dict):
+        return problems
+
+    tasks = data.get("rl_tasks")
+    if isinstance(tasks, list):
+        verifiers = _available_verifiers()
+        domains = _available_domains()
+        first_index: dict[str, int] = {}
+        for i, task in enumerate(tasks):
+            if not isinstance(task, dict):
+                continue
+            domain, reward, pack = task.get("domain"), task.get("reward"), task.get("pack")
+            if isinstance(domain, str):
+                if domain in first_index:
+                    problems.append((("rl_tasks", i, "domain"), f"got {domain!r}; duplicate domain, already listed as rl_tasks[{first_index[domain]}]; list each domain once"))
+                else:
+                    first_index[domain] = i
+                if pack is None and domains is not None and domain not in domains:
+                    problems.append((("rl_tasks", i, "domain"), f"got {domain!r}; must be a built-in domain ({', '.join(domains)}), or any name together with `pack`{_did_you_mean(domain, domains)}"))
+            if isinstance(reward, str) and reward not in verifiers:
+                problems.append((("rl_tasks", i, "reward"), f"got {reward!r}; must be one of {', '.join(verifiers)}, or null for the domain's default{_did_you_mean(reward, verifiers)}"))
+            if isinstance(pack, str):
+                resolved = _resolve_pack(pack, base_dir or Path.cwd())
+                if not resolved.is_file():
+                    problems.append((("rl_tasks", i, "pack"), f"got {pack!r}; no such file (looked for {resolved})"))
+
+    trainer = data.get("trainer", {})
+    if isinstance(trainer, dict):
+        fields = TrainerConfig.model_fields
+        pps = trainer.get("prompts_per_step", fields["prompts_per_step"].default)
+        g = trainer.get("group_size", fields["group_size"].default)
+        mb = trainer.get("minibatches", fields["minibatches"].default)
+        if all(_is_int(v) and v > 0 for v in (pps, g, mb)) and (pps * g) % mb:
+            batch = pps * g
+            divisors = [d for d in range(1, batch + 1) if batch % d == 0]
+            shown = ", ".join(map(str, divisors[:12])) + (", ..." if len(divisors) > 12 else "")
+            problems.append((("trainer", "minibatches"), f"got {mb}; must divide prompts_per_step * group_size = {pps} * {g} = {batch} (one of {shown})"))
+    return problems
+
+
+def _available_verifiers() -> list[str]:
+    from polyrl.rewards.registry import available_verifiers
+
+    return list(available_verifiers())
+
+
+def _available_domains() -> list[str] | None:
+    """Built-in domain names, or None when the domain registry is not there (no check)."""
+    try:
+        from polyrl.domains.registry import available_domains
+    except ModuleNotFoundError as e:
+        if e.name in ("polyrl.domains.registry", "polyrl.domains"):
+            return None
+        raise
+    return list(available_domains())
+
+
+def _resolve_pack(pack: str, base_dir: Path) -> Path:
+    path = Path(pack).expanduser()
+    return path if path.is_absolute() else (base_dir / path).resolve()
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# ---------------------------------------------------------------------------- pydantic errors -> messages
+
+
+def _explain(err: dict) -> tuple[tuple, str, str]:
+    """A pydantic error as (loc, message, kind); kind picks the line: "value", "key", "parent"."""
+    loc, kind, value = tuple(err["loc"]), err["type"], err.get("input")
+    target = _target(loc)
+
+    if kind == "extra_forbidden":
+        allowed = _keys(_target(loc[:-1])[1])
+        key = str(loc[-1])
+        return loc, f"unknown key {key!r}; allowed: {', '.join(allowed)}{_did_you_mean(key, allowed)}", "key"
+    if kind == "invalid_key":
+        return loc[:-1], f"keys must be strings; got {_show(loc[-1])}", "key"
+    if kind == "missing":
+        field = target[0] if target else None
+        what = f" ({field.description})" if field is not None and field.description else ""
+        return loc, f"missing required key{what}", "parent"
+    if target is None:
+        return loc, f"got {_show(value)}; {err['msg']}", "value"
+    field, annotation = target
+    if kind == "literal_error":
+        choices = [str(c) for c in get_args(_strip_none(annotation))]
+        return loc, f"got {_show(value)}; must be one of {', '.join(choices)}{_did_you_mean(str(value), choices)}", "value"
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        return loc, f"got {_show(value)}; must be {_bounds(field.metadata)}", "value"
+    if kind == "too_short":
+        return loc, f"got {_show(value)}; must have at least {err['ctx']['min_length']} item", "value"
+    metadata = field.metadata if field is not None and not isinstance(loc[-1], int) else []
+    return loc, f"got {_show(value)}; must be {_expected(annotation, metadata)}", "value"
+
+
+def _target(loc: tuple) -> tuple[Any, Any] | None:
+    """(FieldInfo, annotation) of what a loc points at; after a list index the FieldInfo is
+    the list's and the annotation the element type. None if the loc leaves the schema."""
+    field, annotation = None, RunConfig
+    for part in loc:
+        inner = _strip_none(annotation)
+        if isinstance(part, int):
+            if get_origin(inner) is not list:
+                return None
+            annotation = get_args(inner)[0]
+        elif isinstance(inner, type) and issubclass(inner, BaseModel) and part in inner.model_fields:
+            field = inner.model_fields[part]
+            annotation = field.annotation
+        else:
+            return None
+    return field, annotation
+
+
+def _keys(annotation: Any) -> list[str]:
+    inner = _strip_none(annotation)
+    return list(inner.model_fields) if isinstance(inner, type) and issubclass(inner, BaseModel) else []
+
+
+def _strip_none(annotation: Any) -> Any:
+    if get_origin(annotation) in (Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return annotation
+
+
+def _bounds(metadata: list) -> str:
+    parts = []
+    for m in metadata:
+        for cls, attr, op in ((at.Gt, "gt", ">"), (at.Ge, "ge", ">="), (at.Lt, "lt", "<"), (at.Le, "le", "<=")):
+            if isinstance(m, cls):
+                parts.append(f"{op} {getattr(m, attr):g}")
+    return " and ".join(parts)
+
+
+def _expected(annotation: Any, metadata: list) -> str:
+    """What a field accepts, in words: "an integer > 0", "one of mask, penalty, none"."""
+    inner = _strip_none(annotation)
+    nullable = inner is not annotation
+    if get_origin(inner) is Literal:
+        text = "one of " + ", ".join(str(c) for c in get_args(inner))
+    elif get_origin(inner) is list:
+        item = get_args(inner)[0]
+        text = f"a list of mappings (keys: {', '.join(_keys(item))})" if _keys(item) else "a list"
+    elif _keys(inner):
+        text = f"a mapping (keys: {', '.join(_keys(inner))})"
+    else:
+        text = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(inner, str(inner))
+        bounds = _bounds(metadata)
+        text += f" {bounds}" if bounds else ""
+    return text + (", or null" if nullable else "")
+
+
+# ---------------------------------------------------------------------------- YAML node tree -> line numbers
+
+
+def _line_for(root: yaml.Node, loc: tuple, kind: str) -> int:
+    """1-based line for a loc: the value's line, the key's line ("key"), or the line of the
+    deepest mapping that exists ("parent", for missing keys and defaults)."""
+    node, key_node = root, None
+    for i, part in enumerate(loc):
+        child = _child(node, part)
+        if child is None:
+            if kind == "parent" and i == len(loc) - 1:
+                return node.start_mark.line + 1
+            return (key_node or node).start_mark.line + 1
+        key_node, node = child
+    if kind == "key" and key_node is not None:
+        return key_node.start_mark.line + 1
+    return node.start_mark.line + 1
+
+
+def _child(node: yaml.Node, part: Any) -> tuple[yaml.Node | None, yaml.Node] | None:
+    if isinstance(node, yaml.MappingNode):
+        match = None
+        for k, v in node.value:  # the last duplicate wins, as in the loaded data
+            if isinstance(k, yaml.ScalarNode) and k.value == str(part):
+                match = (k, v)
+        return match
+    if isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
+        return None, node.value[part]
+    return None
+
+
+def _duplicate_keys(node: yaml.Node, loc: tuple = ()) -> list[tuple[tuple, int, int]]:
+    """(loc, line, first line) for every key given twice in one mapping."""
+    out: list[tuple[tuple, int, int]] = []
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for k, v in node.value:
+            if isinstance(k, yaml.ScalarNode):
+                if k.value in seen:
+                    out.append((loc + (k.value,), k.start_mark.line + 1, seen[k.value]))
+                else:
+                    seen[k.value] = k.start_mark.line + 1
+                out += _duplicate_keys(v, loc + (k.value,))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            out += _duplicate_keys(v, loc + (i,))
+    return out
+
+
+# ---------------------------------------------------------------------------- small helpers
+
+
+def _dotted(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "a mapping" if value else "an empty mapping"
+    if isinstance(value, list):
+        return "a list" if value else "an empty list"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _did_you_mean(word: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""

@@ -1,0 +1,33 @@
+"""Built-in domain names -> implementations, imported lazily (asking for "math" should
+not load a code sandbox). User task packs are not registered here: they are loaded by
+path with `polyrl.domains.pack`."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from polyrl.domains.base import Domain
+
+# name -> "module:Class". Each class takes keyword options and implements Domain.
+_DOMAINS: dict[str, str] = {
+    "math": "polyrl.domains.math:MathDomain",
+}
+
+
+class UnknownDomain(KeyError):
+    def __str__(self) -> str:
+        return f"unknown domain {self.args[0]!r}; available: {', '.join(available_domains())}"
+
+
+def available_domains() -> list[str]:
+    return sorted(_DOMAINS)
+
+
+def get_domain(name: str, **options: Any) -> Domain:
+    """A built-in domain by name, constructed with `options` (e.g. levels=(1, 2))."""
+    if name not in _DOMAINS:
+        raise UnknownDomain(name)
+    module_name, _, class_name = _DOMAINS[name].partition(":")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    return cls(**options)

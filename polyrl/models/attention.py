@@ -1,0 +1,62 @@
+"""The attention hook between the model and whatever holds keys and values.
+
+The transformer computes q, k, v (RoPE applied) and hands them to an `AttentionBackend`;
+the backend decides which keys each query sees. `CausalAttention` is the cache-free
+default (training, scoring, equivalence tests); KV-cache backends (dense, paged) live
+in `engine/` and implement the same protocol.
+
+Out of scope here: sliding windows, attention sinks, soft-capping, document masking
+of packed sequences (use padding plus `key_padding_mask` instead).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+class AttentionBackend(Protocol):
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """q: (B, n_heads, T, hd) and k, v: (B, n_kv_heads, T, hd) for the NEW tokens, RoPE applied.
+
+        Returns (B, n_heads, T, hd). A backend with a cache stores k, v for `layer` and
+        attends over cached + new keys.
+        """
+        ...
+
+
+def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
+    """(B, n_kv, T, hd) -> (B, n_kv * n_rep, T, hd): each kv head serves n_rep query heads.
+
+    Same layout as `x.repeat_interleave(n_rep, dim=1)` (query head h uses kv head h // n_rep).
+    """
+    if n_rep == 1:
+        return x
+    B, n_kv, T, hd = x.shape
+    return x[:, :, None].expand(B, n_kv, n_rep, T, hd).reshape(B, n_kv * n_rep, T, hd)
+
+
+class CausalAttention:
+    """Causal self-attention over just the given tokens, no cache.
+
+    key_padding_mask: optional (B, T), True/1 = real token. Works for left- or
+    right-padded batches. Every position may attend to itself, so a pad query whose
+    keys are all masked gets a finite (meaningless) output instead of NaN.
+    """
+
+    def __init__(self, key_padding_mask: Tensor | None = None) -> None:
+        self.key_padding_mask = None if key_padding_mask is None else key_padding_mask.bool()
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        n_rep = q.shape[1] // k.shape[1]
+        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, nh, T, hd)
+        if self.key_padding_mask is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        T = q.shape[2]
+        causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()  # (T, T)
+        eye = torch.eye(T, dtype=torch.bool, device=q.device)  # (T, T)
+        mask = (causal & self.key_padding_mask[:, None, None, :]) | eye  # (B, 1, T, T)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
