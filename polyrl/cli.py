@@ -1,23 +1,63 @@
-"""`polyrl` command line: train, score (more subcommands join as they land)."""
+"""`polyrl` command line.
+
+  polyrl train [RUN.yaml] [--run-dir DIR]   train; no file = the built-in quickstart
+  polyrl train --resume RUN_DIR             continue a stopped run where it stopped
+  polyrl score PACK.jsonl --completions C.jsonl [--json]
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
+from pathlib import Path
+
+
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_file", nargs="?", help="YAML run file (default: the built-in quickstart)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR (uses its config.yaml)")
+    p.add_argument("--run-dir", help="where to write the run (default: run_dir from the file, else runs/<name>-<time>)")
+
+
+def train_main(args: argparse.Namespace) -> int:
+    from polyrl.config import ConfigError, default_config, load_config
+
+    try:
+        if args.resume:
+            if args.run_file:
+                print("polyrl train: give either a run file or --resume RUN_DIR, not both", file=sys.stderr)
+                return 2
+            run_dir = Path(args.resume)
+            if not (run_dir / "state" / "state.pt").exists():
+                print(f"polyrl train: {run_dir} holds no resumable run (no state/state.pt)", file=sys.stderr)
+                return 2
+            cfg = load_config(run_dir / "config.yaml")
+        else:
+            cfg = load_config(args.run_file) if args.run_file else default_config()
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            run_dir = Path(args.run_dir or cfg.run_dir or f"runs/{cfg.name or 'run'}-{stamp}")
+    except ConfigError as err:
+        print(f"polyrl train: invalid run file\n{err}", file=sys.stderr)
+        return 2
+
+    from polyrl.train.loop import train
+
+    train(cfg, run_dir, resume=bool(args.resume))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="polyrl", description=__doc__)
+    parser = argparse.ArgumentParser(prog="polyrl", description="Multi-domain RL with verifiable rewards.")
     sub = parser.add_subparsers(dest="command", required=True)
+    add_train_arguments(sub.add_parser("train", help="train with GRPO (no file: the built-in quickstart)"))
 
     from polyrl import score
 
     score.add_arguments(sub.add_parser("score", help="score completions of a task pack, no model needed"))
     args = parser.parse_args(argv)
-    if args.command == "score":
-        return score.main(args)
-    parser.error(f"unknown command {args.command}")
-    return 2
+    if args.command == "train":
+        return train_main(args)
+    return score.main(args)
 
 
 if __name__ == "__main__":

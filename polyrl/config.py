@@ -82,7 +82,7 @@ class EngineConfig(BaseModel):
 
     backend: Literal["native", "vllm"] = "native"
     """rollout engine: polyrl's own ("native") or vLLM (optional extra, GPU only)"""
-    max_tokens: int = Field(48, gt=0)
+    max_tokens: int = Field(64, gt=0)
     """maximum completion length in tokens; longer completions are truncated"""
     temperature: float = Field(1.0, gt=0)
     """sampling temperature for training rollouts"""

@@ -21,3 +21,31 @@ def tiny_model(vocab_size: int, seed: int = 0, layers: int = 2) -> Transformer:
                       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                       tie_word_embeddings=True)
     return Transformer(cfg, seed=seed).eval()
+
+
+class ParityVerifier:
+    """Test reward: 1 when the completion has an even number of characters. A random model
+    scores it about half the time, so groups have variance and training steps happen."""
+
+    name = "length_parity"
+
+    def __init__(self, **_):
+        pass
+
+    def score(self, tasks, completions):
+        from polyrl.types import Score
+
+        return [Score(float(len(c) % 2 == 0), {"status": "even" if len(c) % 2 == 0 else "odd"}) for c in completions]
+
+    def close(self):
+        pass
+
+
+def random_model_dir(tmp: Path, seed: int = 0) -> Path:
+    """A random tiny Qwen2 model with the test tokenizer, saved as a Hugging Face directory."""
+    from polyrl.models.hf_io import save_pretrained
+
+    tok = tiny_tokenizer(tmp)
+    model = tiny_model(tok.vocab_size, seed=seed)
+    save_pretrained(model, model.cfg, tmp)
+    return tmp

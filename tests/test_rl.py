@@ -87,3 +87,12 @@ def test_overlong():
     assert overlong_mask(["stop", "length"], "mask") == [1.0, 0.0]
     assert overlong_mask(["stop", "length"], "penalty") == [1.0, 1.0]
     assert overlong_penalty([10, 15, 20], max_tokens=20, soft_cache=10) == [0.0, -0.5, -1.0]
+
+
+def test_allocate_largest_remainder():
+    from polyrl.rl.curriculum import allocate
+
+    assert allocate(16, {"math": 1.0}) == {"math": 16}
+    assert allocate(10, {"a": 0.35, "b": 0.30, "c": 0.20, "d": 0.15}) == {"a": 4, "b": 3, "c": 2, "d": 1}
+    assert allocate(3, {"a": 100.0, "b": 1.0, "c": 1.0}) == {"a": 1, "b": 1, "c": 1}
+    assert sum(allocate(17, {"a": 1.0, "b": 2.0, "c": 3.0}).values()) == 17

@@ -2,12 +2,13 @@
 
 Made for the built-in character-level tiny model: prompts are short ASCII text
 ("What is 47 + 38?", "Solve for x: 3x + 4 = 19."), answers are integer strings, and
-`MathDomain.demonstration(task)` gives a one- or two-line worked solution ending in `\\boxed{N}` to
-pre-train on. Difficulty levels:
+`MathDomain.demonstration(task)` gives a worked solution ending in `\\boxed{N}` to
+pre-train on: sums, differences and products by one digit are worked column by column
+(`column_work`). Difficulty levels:
 
 1. single-digit +, -, *
 2. two-digit +, -; two-digit * one-digit; one-step word problems
-3. three-digit +, -; three-digit * two-digit; two-step word problems
+3. three-digit +, -; three-digit * one-digit; two-step word problems
 4. linear equations a*x + b = c with integer x; three-number expressions
 
 Which split a problem belongs to is a stable hash of its prompt (`hash_split`), so train
@@ -37,9 +38,50 @@ Problem = tuple[str, int, str, str]
 """(prompt, answer, worked solution without the box, kind)."""
 
 
+def _digits(n: int) -> list[int]:
+    """Least significant first."""
+    return [int(c) for c in reversed(str(n))]
+
+
+def column_work(a: int, op: str, b: int) -> str:
+    """Worked solution of a op b, column by column from the ones digit, ending "a op b = r.".
+
+    Single-digit facts are written as they are; larger sums, differences and products by
+    one digit go through the columns with their carries and borrows. Every step is then
+    a single-digit fact the model has seen thousands of times, so held-out problems are
+    new combinations of known steps (a tiny model generalises to those; it cannot to
+    unseen multi-digit facts).
+    """
+    result = {"+": a + b, "-": a - b, "*": a * b}[op]
+    if a < 10 and b < 10 or a < 0 or b < 0 or (op == "*" and b >= 10):
+        return f"{a} {op} {b} = {result}."
+    if op == "-" and a < b:
+        return f"{column_work(b, '-', a)[:-1]}, so {a} - {b} = {result}."
+    xs, ys = _digits(a), _digits(b)
+    steps, carry = [], 0
+    for i, x in enumerate(xs if op == "*" else range(max(len(xs), len(ys)))):
+        if op == "*":
+            v = x * b + carry
+            steps.append(f"{x} * {b}" + (f" + {carry}" if carry else "") + f" = {v}")
+            carry = v // 10
+            continue
+        x, y = (xs[i] if i < len(xs) else 0), (ys[i] if i < len(ys) else 0)
+        if op == "+":
+            v = x + y + carry
+            steps.append(f"{x} + {y}" + (f" + {carry}" if carry else "") + f" = {v}")
+            carry = v // 10
+        else:
+            top = x - carry
+            borrow = top < y
+            steps.append(f"{top + 10 if borrow else top} - {y} = {top + 10 * borrow - y}"
+                         if not carry else f"{x + 10 * borrow} - {carry} - {y} = {top + 10 * borrow - y}")
+            carry = int(borrow)
+    return ", ".join(steps) + f", {a} {op} {b} = {result}."
+
+
 def _binary(a: int, op: str, b: int) -> Problem:
     result = {"+": a + b, "-": a - b, "*": a * b}[op]
-    return f"What is {a} {op} {b}?", result, f"{a} {op} {b} = {result}.", "arithmetic"
+    return f"What is {a} {op} {b}?", result, column_work(a, op, b), "arithmetic"
 
 
 def _arithmetic(rng: random.Random, level: int) -> Problem:
@@ -47,7 +89,7 @@ def _arithmetic(rng: random.Random, level: int) -> Problem:
     lo, hi = {1: (0, 9), 2: (10, 99), 3: (100, 999)}[level]
     a, b = rng.randint(lo, hi), rng.randint(lo, hi)
     if op == "*" and level > 1:
-        b = rng.randint(10 ** (level - 2), 10 ** (level - 1) - 1)  # one digit fewer
+        b = rng.randint(2, 9)  # products by one digit, worked column by column
     if op == "-" and level < 3:
         a, b = max(a, b), min(a, b)  # negative results start at level 3
     return _binary(a, op, b)
@@ -58,14 +100,14 @@ def _word_one_step(rng: random.Random) -> Problem:
     template = rng.randrange(4)
     if template == 0:
         a, b = rng.randint(10, 99), rng.randint(10, 99)
-        return f"{name} has {a} {item} and gets {b} more. How many now?", a + b, f"{a} + {b} = {a + b}.", "word"
+        return f"{name} has {a} {item} and gets {b} more. How many now?", a + b, column_work(a, "+", b), "word"
     if template == 1:
         a = rng.randint(11, 99)
         b = rng.randint(10, a)
-        return f"{name} has {a} {item} and gives away {b}. How many are left?", a - b, f"{a} - {b} = {a - b}.", "word"
+        return f"{name} has {a} {item} and gives away {b}. How many are left?", a - b, column_work(a, "-", b), "word"
     if template == 2:
         a, b = rng.randint(2, 9), rng.randint(10, 25)
-        return f"{name} buys {a} bags of {b} {item}. How many {item}?", a * b, f"{a} * {b} = {a * b}.", "word"
+        return f"{name} buys {a} bags of {b} {item}. How many {item}?", a * b, column_work(b, "*", a), "word"
     kids, each = rng.randint(2, 9), rng.randint(2, 12)
     total = kids * each
     return f"{total} {item} are shared by {kids} kids. How many each?", each, f"{total} / {kids} = {each}.", "word"

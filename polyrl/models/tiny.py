@@ -2,7 +2,7 @@
 
 Recipe. A byte-level BPE tokenizer (digits kept single) is trained on rendered
 conversations of the built-in domains' TRAIN splits; then a small Llama-family model
-(~1.6M parameters) is trained from scratch by supervised fine-tuning on demonstrations,
+(0.84M parameters) is trained from scratch by supervised fine-tuning on demonstrations,
 with loss on the assistant turn only. Held-out tasks are never seen.
 
 Imperfect by design, so RL has headroom: the demonstrations come from a *noisy
@@ -46,12 +46,12 @@ from polyrl.types import Task
 class TinyRecipe:
     seed: int = 0
     vocab_size: int = 384
-    hidden_size: int = 192
+    hidden_size: int = 128
     num_layers: int = 4
-    num_heads: int = 6
+    num_heads: int = 4
     num_kv_heads: int = 2
-    intermediate_size: int = 512
-    steps: int = 700
+    intermediate_size: int = 384
+    steps: int = 1000
     """Optimizer steps of SFT."""
     batch_size: int = 64
     lr: float = 3e-3
@@ -159,7 +159,7 @@ def build_tiny_model(recipe: TinyRecipe, out_dir: Path, log: Callable[[str], Non
     model.train()
     from tqdm import tqdm
 
-    bar = tqdm(range(recipe.steps), desc="  base model SFT", unit="step", leave=False)
+    bar = tqdm(range(recipe.steps), desc="  base model SFT", unit="step", leave=False, disable=None)
     for step in bar:
         lr = recipe.lr * min(1.0, (step + 1) / recipe.warmup) * 0.5 * (1 + math.cos(math.pi * step / recipe.steps))
         for group in opt.param_groups:
@@ -173,6 +173,8 @@ def build_tiny_model(recipe: TinyRecipe, out_dir: Path, log: Callable[[str], Non
         opt.step()
         if step % 20 == 0:
             bar.set_postfix(loss=f"{loss.item():.3f}")
+        if bar.disable and step % 100 == 0:
+            log(f"  base model SFT step {step}/{recipe.steps}, loss {loss.item():.3f}")
     bar.close()
     model.eval()
     save_pretrained(model, cfg, out_dir)

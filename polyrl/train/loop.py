@@ -1,0 +1,226 @@
+"""The training loop: rollout -> reward -> advantage -> loss -> step, top to bottom.
+
+One synchronous GRPO step per iteration. The engine holds its own copy of the policy
+and receives new weights (with a version) after every optimizer step, exactly as a
+remote or vLLM engine would, so nothing here assumes rollouts come from this process.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from polyrl.config import RunConfig
+from polyrl.engine.dense import DenseEngine
+from polyrl.models.hf_io import save_pretrained
+from polyrl.rl.advantages import group_advantages, zero_variance_groups
+from polyrl.rl.curriculum import allocate
+from polyrl.rl.loss import kl_k3, kl_penalty, masked_mean, policy_loss
+from polyrl.rl.overlong import overlong_mask
+from polyrl.rollout.groups import Group, sample_groups, score_groups
+from polyrl.train.batch import build_batch, token_entropy, token_logprobs
+from polyrl.train.display import Display
+from polyrl.train.evaluate import evaluate
+from polyrl.train.run_dir import RunDir
+from polyrl.train.setup import Domains, build_domains, load_policy, resolve_model_dir, step_seed
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    steps_done: int
+    before: dict
+    after: dict | None
+    train_seconds: float
+
+
+def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, log: Callable[[str], None] = print,
+          stop_after: int | None = None) -> TrainResult:
+    """Run (or, with resume=True, continue) the run described by cfg in run_dir.
+
+    stop_after ends the process after that many steps as if it had been killed: for tests
+    of resume, and for budgeting work across sessions.
+    """
+    rd = RunDir(run_dir)
+    torch.manual_seed(cfg.seed)
+    model_dir = resolve_model_dir(cfg.model.path, log=log)
+    policy, tokenizer = load_policy(model_dir, cfg.model.dtype)
+    engine = DenseEngine(copy.deepcopy(policy), tokenizer)
+    uses_kl = cfg.trainer.kl_coef > 0 or any((t.kl_coef or 0) > 0 for t in cfg.rl_tasks)
+    ref = copy.deepcopy(policy).eval().requires_grad_(False) if uses_kl else None
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.trainer.lr, betas=(0.9, 0.99),
+                                  weight_decay=cfg.trainer.weight_decay)
+    doms = build_domains(cfg, tokenizer.stop_token_ids())
+    heldout = {name: d.sample("heldout", cfg.eval.heldout_per_domain, seed=cfg.seed) for name, d in doms.domains.items()}
+
+    def run_eval(step: int) -> dict:
+        return evaluate(engine, tokenizer, heldout, doms.verifiers, doms.verifier_of,
+                        {d: replace(p, seed=step_seed(cfg.seed, step, "eval")) for d, p in doms.eval_sampling.items()},
+                        cfg.eval.samples, cfg.eval.greedy)
+
+    state = rd.load_state() if resume else None
+    if state is None:
+        rd.create(cfg.to_yaml())
+        log(f"evaluating the base model on {cfg.eval.heldout_per_domain} held-out tasks per domain")
+        before = run_eval(0)
+        rd.write_json(rd.eval_file("before"), before)
+        start_step, clock = 0, 0.0
+    else:
+        policy.load_state_dict(state["policy"])
+        optimizer.load_state_dict(state["optimizer"])
+        engine.update_weights(policy.state_dict(), version=state["step"])
+        rd.truncate_after(state["step"])
+        before, start_step, clock = rd.read_json(rd.eval_file("before")), state["step"], state["clock"]
+        log(f"resuming {rd.path} at step {start_step}")
+
+    display = Display(cfg.trainer.steps, start_step, before, log)
+    steps_done = start_step
+    for step in range(start_step, cfg.trainer.steps):
+        if cfg.trainer.max_minutes and clock >= cfg.trainer.max_minutes * 60:
+            log(f"stopping at step {step}: trainer.max_minutes={cfg.trainer.max_minutes} reached")
+            break
+        t0 = time.perf_counter()
+        # 1. rollout: this step's prompts, G samples each
+        counts = allocate(cfg.trainer.prompts_per_step, doms.weights)
+        tasks = [t for d, k in counts.items() for t in doms.domains[d].sample("train", k, step_seed(cfg.seed, step, d))]
+        sampling = {d: replace(p, seed=step_seed(cfg.seed, step, "rollout")) for d, p in doms.sampling.items()}
+        groups = sample_groups(engine, tokenizer, tasks, cfg.trainer.group_size, sampling)
+        t1 = time.perf_counter()
+        # 2. reward
+        score_groups(groups, doms.verifiers, doms.verifier_of)
+        t2 = time.perf_counter()
+        # 3. advantage, with zero-variance groups dropped (they carry no signal)
+        rewards = torch.tensor([g.rewards for g in groups])
+        flat = zero_variance_groups(rewards) if cfg.trainer.drop_zero_variance else torch.zeros(len(groups), dtype=torch.bool)
+        adv = group_advantages(rewards, [g.task.domain for g in groups])
+        keep = [i for i in range(len(groups)) if not flat[i]]
+        # 4. loss and optimizer step
+        stats = {}
+        if keep:
+            kept = [groups[i] for i in keep]
+            weights = [overlong_mask([c.finish_reason for c in g.completions], cfg.trainer.overlong) for g in kept]
+            batch = build_batch(kept, [adv[i].tolist() for i in keep], weights, doms.kl_coef)
+            stats = update(policy, ref, optimizer, batch, cfg, step)
+            engine.update_weights(policy.state_dict(), version=step + 1)
+        t3 = time.perf_counter()
+        clock += t3 - t0
+
+        record = step_metrics(step, groups, flat, stats, {"rollout": t1 - t0, "reward": t2 - t1, "update": t3 - t2})
+        if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < cfg.trainer.steps:
+            record["eval"] = run_eval(step + 1)
+        rd.append(rd.metrics, [record])
+        rd.append(rd.trajectories, trajectory_records(step, groups))
+        if (step + 1) % cfg.trainer.checkpoint_every == 0:
+            save_checkpoint(rd, policy, model_dir, f"step-{step + 1:06d}")
+        rd.save_state({"step": step + 1, "clock": clock, "policy": policy.state_dict(),
+                       "optimizer": optimizer.state_dict()})
+        display.step(record)
+        steps_done = step + 1
+        if stop_after is not None and steps_done - start_step >= stop_after:
+            display.close()
+            doms.close()
+            return TrainResult(rd.path, steps_done, before, None, clock)
+    display.close()
+
+    after = run_eval(steps_done)
+    rd.write_json(rd.eval_file("after"), after)
+    save_checkpoint(rd, policy, model_dir, "final")
+    doms.close()
+    display.summary(before, after, rd.path, clock)
+    return TrainResult(rd.path, steps_done, before, after, clock)
+
+
+def update(policy, ref, optimizer, batch, cfg: RunConfig, step: int) -> dict:
+    """ppo_epochs passes of minibatch updates over one rollout batch; returns per-domain stats
+    (KL, entropy, clip fraction) measured on the first pass."""
+    tc = cfg.trainer
+    temperature = cfg.engine.temperature
+    policy.train()
+    ref_logp = None
+    if ref is not None:
+        with torch.no_grad():
+            ref_logp = token_logprobs(ref(batch.input_ids), batch.targets, temperature)
+    g = torch.Generator().manual_seed(step_seed(cfg.seed, step, "minibatch"))
+    per_domain: dict[str, dict[str, list]] = {}
+    for epoch in range(tc.ppo_epochs):
+        order = torch.randperm(len(batch), generator=g)
+        for rows in order.chunk(tc.minibatches):
+            mb = batch.select(rows)
+            logits = policy(mb.input_ids)  # (b, T, V)
+            logp = token_logprobs(logits, mb.targets, temperature)
+            loss, pstats = policy_loss(logp, mb.old_logp, mb.advantages, mb.mask, tc.clip_low, tc.clip_high)
+            mb_ref = ref_logp[rows] if ref_logp is not None else None
+            if mb_ref is not None:
+                loss = loss + kl_penalty(logp, mb_ref, mb.kl_coef, mb.mask)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), tc.max_grad_norm)
+            optimizer.step()
+            if epoch == 0:
+                with torch.no_grad():
+                    entropy = token_entropy(logits, temperature)
+                    kl = kl_k3(logp, mb_ref) if mb_ref is not None else torch.zeros_like(logp)
+                    clipped = _clip_mask(logp, mb.old_logp, mb.advantages, tc.clip_low, tc.clip_high)
+                    for d in set(mb.domains):
+                        m = mb.mask * torch.tensor([x == d for x in mb.domains], dtype=torch.float32)[:, None]
+                        acc = per_domain.setdefault(d, {"kl": [], "entropy": [], "clip_frac": [], "tokens": []})
+                        n = float(m.sum())
+                        acc["tokens"].append(n)
+                        for key, value in (("kl", kl), ("entropy", entropy), ("clip_frac", clipped)):
+                            acc[key].append(float(masked_mean(value, m)) * n)
+    policy.eval()
+    out = {"grad_norm": grad_norm.item(), "loss": loss.item(), "ratio_mean": pstats["ratio_mean"]}
+    for d, acc in per_domain.items():
+        n = max(sum(acc["tokens"]), 1.0)
+        out[d] = {k: sum(acc[k]) / n for k in ("kl", "entropy", "clip_frac")}
+    return out
+
+
+def _clip_mask(logp, old_logp, adv, clip_low, clip_high) -> torch.Tensor:
+    ratio = torch.exp(logp - old_logp)
+    a = adv[:, None]
+    return ((ratio.clamp(1 - clip_low, 1 + clip_high) * a) < ratio * a).float()
+
+
+def step_metrics(step: int, groups: list[Group], flat: torch.Tensor, stats: dict, times: dict) -> dict:
+    """The metrics.jsonl line of one step: global timings plus a block per domain."""
+    tokens = sum(len(c.token_ids) for g in groups for c in g.completions)
+    record = {"step": step, "time": {k: round(v, 4) for k, v in times.items()},
+              "tokens_per_s": round(tokens / max(times["rollout"], 1e-9), 1),
+              "step_time": round(sum(times.values()), 4),
+              "loss": stats.get("loss"), "grad_norm": stats.get("grad_norm"), "domains": {}}
+    for d in sorted({g.task.domain for g in groups}):
+        idx = [i for i, g in enumerate(groups) if g.task.domain == d]
+        samples = [(s, c) for i in idx for s, c in zip(groups[i].scores, groups[i].completions)]
+        dstats = stats.get(d, {})
+        record["domains"][d] = {
+            "reward": sum(s.value for s, _ in samples) / len(samples),
+            "response_length": sum(len(c.token_ids) for _, c in samples) / len(samples),
+            "truncated": sum(c.finish_reason == "length" for _, c in samples) / len(samples),
+            "groups": len(idx),
+            "dropped_zero_variance": int(sum(bool(flat[i]) for i in idx)),
+            "kl": dstats.get("kl"), "entropy": dstats.get("entropy"), "clip_frac": dstats.get("clip_frac"),
+        }
+    return record
+
+
+def trajectory_records(step: int, groups: list[Group]) -> list[dict]:
+    return [
+        {"step": step, "task_id": g.task.id, "domain": g.task.domain, "group": gi, "sample": j,
+         "prompt": g.task.prompt, "prompt_ids": g.prompt_ids, "completion": c.text, "token_ids": c.token_ids,
+         "logprobs": [round(x, 5) for x in c.logprobs], "finish_reason": c.finish_reason,
+         "reward": s.value, "details": s.details, "weight_version": c.weight_version, "answer": g.task.answer}
+        for gi, g in enumerate(groups) for j, (c, s) in enumerate(zip(g.completions, g.scores))
+    ]
+
+
+def save_checkpoint(rd: RunDir, policy, model_dir: Path, name: str) -> None:
+    target = rd.checkpoint_dir(name)
+    target.mkdir(parents=True, exist_ok=True)
+    save_pretrained(policy, policy.cfg, target)
+    rd.copy_tokenizer(model_dir, target)

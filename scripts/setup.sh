@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Install polyrl into ./.venv for a CPU machine.   usage: bash scripts/setup.sh [test]
+#
+# torch is pinned to the 2.13.0 CPU build here: an unpinned torch would pull a
+# multi-GB CUDA build. On a GPU machine, install your own torch first and then
+# `pip install -e .` instead of running this script.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+extras=""
+if [ "${1:-}" = "test" ]; then extras="[test]"; fi
+
+if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
+.venv/bin/pip install --quiet --disable-pip-version-check "torch==2.13.0"
+.venv/bin/pip install --quiet --disable-pip-version-check -e ".${extras}"
+
+# Code rewards run untrusted programs under bubblewrap (Debian/Ubuntu package).
+if ! command -v bwrap >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    (apt-get install -y -qq bubblewrap >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq bubblewrap; }) \
+      || echo "setup: could not install bubblewrap; code rewards will refuse to run" >&2
+  else
+    echo "setup: bubblewrap missing; install it with: sudo apt-get install bubblewrap" >&2
+  fi
+fi
+echo "setup: polyrl installed in .venv"
