@@ -1,8 +1,6 @@
 """Run-file schema and loader: defaults, and errors that name the file, line and field."""
 
-import sys
 import textwrap
-import types
 
 import pytest
 from pydantic import ValidationError
@@ -26,12 +24,12 @@ def errors(text: str, **kwargs) -> list[str]:
     return lines
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def known_domains(monkeypatch):
-    """A stand-in domain registry, so domain checks do not depend on which domains exist."""
-    fake = types.ModuleType("polyrl.domains.registry")
-    fake.available_domains = lambda: ["code", "math"]
-    monkeypatch.setitem(sys.modules, "polyrl.domains.registry", fake)
+    """A fixed list of built-in domains, so domain checks do not depend on which domains exist."""
+    import polyrl.domains.registry as registry
+
+    monkeypatch.setattr(registry, "available_domains", lambda: ["code", "math"])
 
 
 def test_good_file_gets_defaults():
