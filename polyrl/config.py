@@ -120,7 +120,7 @@ class TrainerConfig(BaseModel):
     minibatches: int = Field(1, gt=0)
     """minibatches per epoch; must divide prompts_per_step * group_size"""
     overlong: Literal["mask", "penalty", "none"] = "mask"
-    """truncated completions: "mask" drops them from the loss, "penalty" scores them 0"""
+    """truncated completions: "mask" drops them from the loss, "penalty" trains on them with reward 0"""
     drop_zero_variance: bool = True
     """skip groups whose rewards are all equal (they carry no advantage signal)"""
     max_minutes: float | None = Field(None, gt=0)

@@ -7,7 +7,7 @@ import torch
 
 from polyrl.rl.advantages import group_advantages, zero_variance_groups
 from polyrl.rl.loss import kl_k3, kl_penalty, masked_mean, policy_loss
-from polyrl.rl.overlong import overlong_mask, overlong_penalty
+from polyrl.rl.overlong import overlong_mask, overlong_rewards
 
 
 def test_group_advantages_one_domain():
@@ -86,7 +86,8 @@ def test_masked_mean_empty_mask_is_zero():
 def test_overlong():
     assert overlong_mask(["stop", "length"], "mask") == [1.0, 0.0]
     assert overlong_mask(["stop", "length"], "penalty") == [1.0, 1.0]
-    assert overlong_penalty([10, 15, 20], max_tokens=20, soft_cache=10) == [0.0, -0.5, -1.0]
+    assert overlong_rewards([1.0, 1.0], ["stop", "length"], "penalty") == [1.0, 0.0]
+    assert overlong_rewards([1.0, 1.0], ["stop", "length"], "mask") == [1.0, 1.0]
 
 
 def test_allocate_largest_remainder():

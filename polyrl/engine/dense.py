@@ -67,7 +67,6 @@ class DenseEngine:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.weight_version = weight_version
-        self.stats = {"prefill_tokens": 0, "decode_tokens": 0}
 
     @torch.no_grad()
     def update_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
@@ -101,7 +100,6 @@ class DenseEngine:
         hidden = self.model.hidden(ids, positions, cache)  # (P, Lp, D)
         cache.advance(Lp)
         logits = self.model.lm_head(hidden[:, -1]).float()  # (P, V)
-        self.stats["prefill_tokens"] += int(prompt_len.sum())
 
         # Fan out: row r is sample r % n of prompt r // n.
         fan = torch.arange(P).repeat_interleave(n)
@@ -124,7 +122,6 @@ class DenseEngine:
                 elif sampling.stop and _hits_stop_string(self.tokenizer, out_tokens[r], sampling.stop):
                     finish[r] = "stop"
                     done[i] = True
-            self.stats["decode_tokens"] += len(rows)
             keep = (~done).nonzero().squeeze(-1)
             if len(keep) == 0 or step == sampling.max_tokens - 1:
                 break

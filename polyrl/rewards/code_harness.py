@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from polyrl.rewards.harness_main import check_plain
 from polyrl.sandbox.types import Limits, RunRequest, RunResult
 
 HARNESS_SOURCE = Path(__file__).with_name("harness_main.py").read_text()
@@ -50,29 +51,12 @@ class CallOutcome:
 
 def to_literal(value: Any) -> str:
     """Literal text of plain data; TypeError for anything else (subclasses included)."""
-    _check_plain(value, 0)
+    check_plain(value)
     return repr(value)
 
 
 def call_literal(args: Sequence[Any], kwargs: Mapping[str, Any] | None = None) -> str:
     return to_literal((tuple(args), dict(kwargs or {})))
-
-
-def _check_plain(value: Any, depth: int) -> None:
-    kind = type(value)
-    if kind in _SCALARS:
-        return
-    if depth > 100:
-        raise TypeError("nested more than 100 deep")
-    if kind in (list, tuple, set, frozenset):
-        for item in value:
-            _check_plain(item, depth + 1)
-    elif kind is dict:
-        for key, item in value.items():
-            _check_plain(key, depth + 1)
-            _check_plain(item, depth + 1)
-    else:
-        raise TypeError(f"{kind.__qualname__} is not plain data")
 
 
 def parse_literal(text: str) -> Any:

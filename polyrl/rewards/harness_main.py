@@ -47,19 +47,23 @@ _SCALARS = (int, float, complex, bool, str, bytes, type(None))
 _ARG_NAMES = {"__builtins__": {}, "inf": float("inf"), "nan": float("nan"), "set": set, "frozenset": frozenset}
 
 
-def _check_plain(value, depth=0):
+def check_plain(value, depth=0):
+    """TypeError unless value is plain data (builtin scalars and containers, no subclasses).
+
+    The host (code_harness.to_literal) imports this same function, so both sides agree.
+    """
     kind = type(value)
     if kind in _SCALARS:
         return
     if depth > 100:
-        raise ValueError("nested more than 100 deep")
+        raise TypeError("nested more than 100 deep")
     if kind is list or kind is tuple or kind is set or kind is frozenset:
         for item in value:
-            _check_plain(item, depth + 1)
+            check_plain(item, depth + 1)
     elif kind is dict:
         for key, item in value.items():
-            _check_plain(key, depth + 1)
-            _check_plain(item, depth + 1)
+            check_plain(key, depth + 1)
+            check_plain(item, depth + 1)
     else:
         raise TypeError(kind.__module__ + "." + kind.__qualname__ + " is not plain data")
 
@@ -110,7 +114,7 @@ def _worker(job, start, result_fd, go_fd):
         if _read_exact(go_fd, 1) != b"g":
             os._exit(1)  # the parent died before the go-ahead
         os.close(go_fd)
-    check_plain, write, literal, line, max_reply = _check_plain, _write_all, repr, _one_line, job["max_reply"]
+    require_plain, write, literal, line, max_reply = check_plain, _write_all, repr, _one_line, job["max_reply"]
     namespace = {"__name__": "__candidate__", "__builtins__": __builtins__}
     try:
         exec(compile(job["code"], "<candidate>", "exec"), namespace)
@@ -130,7 +134,7 @@ def _worker(job, start, result_fd, go_fd):
             reply = "exc\t" + line(_describe(err))
         else:
             try:
-                check_plain(value)
+                require_plain(value)
                 reply = "ok\t" + literal(value)
                 if len(reply) > max_reply:
                     reply = "bad\treply of %d characters, over %d" % (len(reply), max_reply)

@@ -28,10 +28,17 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, m
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * a
     loss = masked_mean(-torch.minimum(unclipped, clipped), mask)
     with torch.no_grad():
-        was_clipped = (clipped < unclipped).float()  # the min picked the clipped branch
-        stats = {"clip_frac": float(masked_mean(was_clipped, mask)),
+        stats = {"clip_frac": float(masked_mean(clipped_tokens(logp, old_logp, adv, clip_low, clip_high), mask)),
                  "ratio_mean": float(masked_mean(ratio, mask))}
     return loss, stats
+
+
+def clipped_tokens(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
+                   clip_low: float, clip_high: float) -> torch.Tensor:
+    """(B, T) float, 1 where policy_loss's min picked the clipped branch (no gradient flows)."""
+    ratio = torch.exp(logp - old_logp)
+    a = adv[:, None]
+    return ((ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * a) < ratio * a).float()
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:

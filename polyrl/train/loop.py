@@ -20,8 +20,8 @@ from polyrl.engine.dense import DenseEngine
 from polyrl.models.hf_io import save_pretrained
 from polyrl.rl.advantages import group_advantages, zero_variance_groups
 from polyrl.rl.curriculum import allocate
-from polyrl.rl.loss import kl_k3, kl_penalty, masked_mean, policy_loss
-from polyrl.rl.overlong import overlong_mask
+from polyrl.rl.loss import clipped_tokens, kl_k3, kl_penalty, masked_mean, policy_loss
+from polyrl.rl.overlong import overlong_mask, overlong_rewards
 from polyrl.rollout.groups import Group, sample_groups, score_groups
 from polyrl.train.batch import build_batch, token_entropy, token_logprobs
 from polyrl.train.display import Display
@@ -51,11 +51,11 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, log: Callab
     model_dir = resolve_model_dir(cfg.model.path, log=log)
     policy, tokenizer = load_policy(model_dir, cfg.model.dtype)
     engine = DenseEngine(copy.deepcopy(policy), tokenizer)
-    uses_kl = cfg.trainer.kl_coef > 0 or any((t.kl_coef or 0) > 0 for t in cfg.rl_tasks)
+    doms = build_domains(cfg)
+    uses_kl = any(c > 0 for c in doms.kl_coef.values())
     ref = copy.deepcopy(policy).eval().requires_grad_(False) if uses_kl else None
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.trainer.lr, betas=(0.9, 0.99),
                                   weight_decay=cfg.trainer.weight_decay)
-    doms = build_domains(cfg, tokenizer.stop_token_ids())
     heldout = {name: d.sample("heldout", cfg.eval.heldout_per_domain, seed=cfg.seed) for name, d in doms.domains.items()}
 
     def run_eval(step: int) -> dict:
@@ -95,7 +95,8 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, log: Callab
         score_groups(groups, doms.verifiers, doms.verifier_of)
         t2 = time.perf_counter()
         # 3. advantage, with zero-variance groups dropped (they carry no signal)
-        rewards = torch.tensor([g.rewards for g in groups])
+        rewards = torch.tensor([overlong_rewards(g.rewards, [c.finish_reason for c in g.completions],
+                                                 cfg.trainer.overlong) for g in groups])
         flat = zero_variance_groups(rewards) if cfg.trainer.drop_zero_variance else torch.zeros(len(groups), dtype=torch.bool)
         adv = group_advantages(rewards, [g.task.domain for g in groups])
         keep = [i for i in range(len(groups)) if not flat[i]]
@@ -165,7 +166,7 @@ def update(policy, ref, optimizer, batch, cfg: RunConfig, step: int) -> dict:
                 with torch.no_grad():
                     entropy = token_entropy(logits, temperature)
                     kl = kl_k3(logp, mb_ref) if mb_ref is not None else torch.zeros_like(logp)
-                    clipped = _clip_mask(logp, mb.old_logp, mb.advantages, tc.clip_low, tc.clip_high)
+                    clipped = clipped_tokens(logp, mb.old_logp, mb.advantages, tc.clip_low, tc.clip_high)
                     for d in set(mb.domains):
                         m = mb.mask * torch.tensor([x == d for x in mb.domains], dtype=torch.float32)[:, None]
                         acc = per_domain.setdefault(d, {"kl": [], "entropy": [], "clip_frac": [], "tokens": []})
@@ -179,12 +180,6 @@ def update(policy, ref, optimizer, batch, cfg: RunConfig, step: int) -> dict:
         n = max(sum(acc["tokens"]), 1.0)
         out[d] = {k: sum(acc[k]) / n for k in ("kl", "entropy", "clip_frac")}
     return out
-
-
-def _clip_mask(logp, old_logp, adv, clip_low, clip_high) -> torch.Tensor:
-    ratio = torch.exp(logp - old_logp)
-    a = adv[:, None]
-    return ((ratio.clamp(1 - clip_low, 1 + clip_high) * a) < ratio * a).float()
 
 
 def step_metrics(step: int, groups: list[Group], flat: torch.Tensor, stats: dict, times: dict) -> dict:

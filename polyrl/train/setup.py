@@ -6,7 +6,7 @@ Everything here is construction; the loop in loop.py only uses what this returns
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -63,7 +63,7 @@ class Domains:
             v.close()
 
 
-def build_domains(cfg: RunConfig, stop_token_ids: list[int]) -> Domains:
+def build_domains(cfg: RunConfig) -> Domains:
     from polyrl.domains.pack import DEFAULT_VERIFIERS, PackDomain, load_pack
     from polyrl.domains.registry import get_domain
 
@@ -86,9 +86,7 @@ def build_domains(cfg: RunConfig, stop_token_ids: list[int]) -> Domains:
         max_tokens = t.max_tokens or cfg.engine.max_tokens
         sampling[t.domain] = SamplingParams(temperature=cfg.engine.temperature, top_p=cfg.engine.top_p,
                                             top_k=cfg.engine.top_k, max_tokens=max_tokens)
-        eval_sampling[t.domain] = SamplingParams(temperature=cfg.engine.temperature, top_p=cfg.engine.top_p,
-                                                 top_k=cfg.engine.top_k,
-                                                 max_tokens=cfg.eval.max_tokens or max_tokens)
+        eval_sampling[t.domain] = replace(sampling[t.domain], max_tokens=cfg.eval.max_tokens or max_tokens)
     names = set(verifier_of.values())
     return Domains(domains, weights, verifier_of, {n: get_verifier(n) for n in sorted(names)}, kl,
                    sampling, eval_sampling)
