@@ -3,6 +3,8 @@
   polyrl train [RUN.yaml] [--run-dir DIR]   train; no file = the built-in quickstart
   polyrl train --resume RUN_DIR             continue a stopped run where it stopped
   polyrl score PACK.jsonl --completions C.jsonl [--json]
+  polyrl pack NAME [-o OUT.jsonl]           write a built-in task set (humaneval, code, math) as a pack
+  polyrl replay RUN_DIR [ID] [--list]       re-run a recorded code execution and compare its verdict
 """
 
 from __future__ import annotations
@@ -51,13 +53,16 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     add_train_arguments(sub.add_parser("train", help="train with GRPO (no file: the built-in quickstart)"))
 
-    from polyrl import score
+    from polyrl import pack_cli, replay, score
 
+    commands = {"score": score, "pack": pack_cli, "replay": replay}
     score.add_arguments(sub.add_parser("score", help="score completions of a task pack, no model needed"))
+    pack_cli.add_arguments(sub.add_parser("pack", help="write a built-in task set as a JSONL task pack"))
+    replay.add_arguments(sub.add_parser("replay", help="re-run a recorded code execution and compare its verdict"))
     args = parser.parse_args(argv)
     if args.command == "train":
         return train_main(args)
-    return score.main(args)
+    return commands[args.command].main(args)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,8 @@ def test_good_file_gets_defaults():
 def test_default_config_is_the_quickstart():
     cfg = default_config()
     assert cfg.name == "quickstart"
-    assert [(t.domain, t.reward, t.weight) for t in cfg.rl_tasks] == [("math", "answer_verify", 1.0)]
+    assert [(t.domain, t.reward, t.weight) for t in cfg.rl_tasks] == [
+        ("math", "answer_verify", 0.5), ("code", "unit_test_pass", 0.5)]
 
 
 def test_yaml_11_exponent_floats_are_accepted():

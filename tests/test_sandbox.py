@@ -24,11 +24,11 @@ needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewr
 UNSAFE = SandboxConfig(isolation="none", allow_unsafe=True)
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[SandboxPool]:
+@pytest.fixture(scope="module", params=["fork", "spawn"])
+def pool(request: pytest.FixtureRequest) -> Iterator[SandboxPool]:
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap missing: apt-get install -y bubblewrap")
-    with SandboxPool(workers=2) as p:
+    with SandboxPool(workers=2, config=SandboxConfig(start=request.param)) as p:
         yield p
 
 

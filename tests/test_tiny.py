@@ -61,3 +61,30 @@ def test_noisy_teacher_rates():
             kinds["slip"] += 1
     assert 0.15 < kinds["slip"] / len(tasks) < 0.25
     assert 0.2 < kinds["unboxed"] / len(tasks) < 0.3
+
+
+def test_noisy_teacher_code_slips_change_the_function():
+    from polyrl.domains.code import CodeDomain
+
+    recipe = TinyRecipe(slip_rate=0.2, format_rate=0.25)
+    rng = random.Random(0)
+    kinds = {"clean": 0, "slip": 0, "no_return": 0}
+    tasks = CodeDomain().sample("train", 2000, seed=0)
+    for t in tasks:
+        demo = CodeDomain.demonstration(t)
+        noisy = noisy_demonstration(t, demo, recipe, rng)
+        if noisy == demo:
+            kinds["clean"] += 1
+        elif "return" not in noisy:
+            kinds["no_return"] += 1
+        else:
+            assert noisy.split("return ")[1] != demo.split("return ")[1]  # another function
+            kinds["slip"] += 1
+    assert 0.15 < kinds["slip"] / len(tasks) < 0.25
+    assert 0.2 < kinds["no_return"] / len(tasks) < 0.3
+
+
+def test_demonstrations_mix_math_and_code():
+    examples = tiny.sft_examples(TinyRecipe(code_share=0.25), 400)
+    code = sum(p.startswith("Write a Python function") for p, _ in examples)
+    assert code == 100

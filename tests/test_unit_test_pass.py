@@ -55,19 +55,22 @@ def test_all_humaneval_canonical_solutions_score_one(verifier: UnitTestPass, hum
 
 def test_a_pass_body_scores_zero(verifier: UnitTestPass, humaneval: list) -> None:
     scores = verifier.score([t for t, _ in humaneval], ["    pass\n"] * len(humaneval))
-    by_id = {t.id: s for (t, _), s in zip(humaneval, scores)}
-    for task_id in ("HumanEval/0", "HumanEval/2", "HumanEval/32", "HumanEval/38", "HumanEval/53", "HumanEval/151"):
-        assert by_id[task_id].value == 0.0, by_id[task_id].details
-    # None genuinely satisfies a few asserts (`not candidate(x)`, `candidate(x) == None`): partial
-    # credit for those only, a few percent of the whole set.
-    assert sum(s.value for s in scores) / len(scores) < 0.03
+    assert [t.id for (t, _), s in zip(humaneval, scores) if s.value != 0.0] == []
+    assert all(s.details["credit"] == "all" for s in scores)
+    # Per assert, None genuinely satisfies a few (`not candidate(x)`, `candidate(x) == None`).
+    per_assert = UnitTestPass(verifier.backend, check_credit="per_assert")
+    partial = {t.id for (t, _), s in zip(humaneval, per_assert.score([t for t, _ in humaneval],
+                                                                      ["    pass\n"] * len(humaneval))) if s.value > 0}
+    assert partial == {f"HumanEval/{n}" for n in (12, 52, 56, 61, 90, 128, 137, 162)}
 
 
 def test_humaneval_with_a_wrong_solution_fails_the_right_asserts(verifier: UnitTestPass, humaneval: list) -> None:
     task = dict((t.id, t) for t, _ in humaneval)["HumanEval/2"]  # truncate_number: one "eq", two "complex"
-    score = verifier.score([task], ["    return number % 1.0 if number < 100 else 0.0\n"])[0]
-    assert score.value == pytest.approx(2 / 3)
+    wrong = "    return number % 1.0 if number < 100 else 0.0\n"
+    score = verifier.score([task], [wrong])[0]
+    assert score.value == 0.0 and (score.details["passed"], score.details["total"]) == (2, 3)
     assert [t["passed"] for t in score.details["tests"]] == [True, True, False]
+    assert UnitTestPass(verifier.backend, check_credit="per_assert").score([task], [wrong])[0].value == pytest.approx(2 / 3)
 
 
 # -------------------------------------------------------------------- args/expected
@@ -135,7 +138,8 @@ def test_whole_function_keeps_the_prompts_helpers(verifier: UnitTestPass) -> Non
 def test_check_partial_credit_counts_assert_lines_not_executions(verifier: UnitTestPass) -> None:
     body = ("    assert candidate(1) == 2\n    assert candidate(2) == 3\n"
             "    for i in range(10):\n        assert candidate(i) == i + 1\n    assert True\n")
-    score = verifier.score([check_task(body)], ["    return x + 1 if x != 7 else 0\n"])[0]
+    score = UnitTestPass(verifier.backend, check_credit="per_assert").score(
+        [check_task(body)], ["    return x + 1 if x != 7 else 0\n"])[0]
     assert score.details["total"] == 3  # `assert True` involves no candidate: not a test
     assert score.value == pytest.approx(2 / 3)
     assert "10 runs" in score.details["tests"][2]["detail"]

@@ -12,6 +12,8 @@ from polyrl.domains.base import Domain
 # name -> "module:Class". Each class takes keyword options and implements Domain.
 _DOMAINS: dict[str, str] = {
     "math": "polyrl.domains.math:MathDomain",
+    "code": "polyrl.domains.code:CodeDomain",
+    "humaneval": "polyrl.domains.humaneval:HumanEvalDomain",
 }
 
 

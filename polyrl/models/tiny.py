@@ -1,14 +1,16 @@
 """The built-in tiny base model: built by polyrl itself, cached, rebuilt when its recipe changes.
 
 Recipe. A byte-level BPE tokenizer (digits kept single) is trained on rendered
-conversations of the built-in domains' TRAIN splits; then a small Llama-family model
-(0.84M parameters) is trained from scratch by supervised fine-tuning on demonstrations,
+conversations of the built-in domains' TRAIN splits (math and code); then a small
+Llama-family model is trained from scratch by supervised fine-tuning on demonstrations,
 with loss on the assistant turn only. Held-out tasks are never seen.
 
 Imperfect by design, so RL has headroom: the demonstrations come from a *noisy
-teacher*. With probability `slip_rate` the demonstrated result is wrong by a small slip
-(±1, ±2, ±10), and with probability `format_rate` the demonstration states the result
-without the final `\\boxed{}` (which answer_verify then cannot find). The model learns
+teacher*. With probability `slip_rate` a demonstration is wrong by a small slip (math:
+a result off by ±1, ±2, ±10; code: a constant off by one, or a neighbouring operation
+such as max for sum), and with probability `format_rate` it has a format slip (math: no
+final `\\boxed{}`, which answer_verify then cannot find; code: the `return` left out, so
+the function returns None). The model learns
 the teacher's habits along with the task, exactly the situation RLVR is for: the reward
 tells right from wrong where the demonstrations did not. Both rates and everything else
 that shapes the model live in `TinyRecipe`; its hash, together with the source of the
@@ -45,7 +47,7 @@ from polyrl.types import Task
 @dataclass(frozen=True)
 class TinyRecipe:
     seed: int = 0
-    vocab_size: int = 384
+    vocab_size: int = 512
     hidden_size: int = 128
     num_layers: int = 4
     num_heads: int = 4
@@ -61,6 +63,9 @@ class TinyRecipe:
     format_rate: float = 0.25
     """Share of demonstrations that omit the final \\boxed{} answer."""
     math_levels: tuple[int, ...] = (1, 2, 3, 4)
+    code_levels: tuple[int, ...] = (1, 2, 3, 4)
+    code_share: float = 0.5
+    """Share of demonstrations from the code domain; the rest are math."""
 
 
 def cache_dir() -> Path:
@@ -70,10 +75,11 @@ def cache_dir() -> Path:
 
 
 def recipe_hash(recipe: TinyRecipe) -> str:
+    from polyrl.domains import code as code_domain
     from polyrl.domains import math as math_domain
 
     h = hashlib.sha256(json.dumps(asdict(recipe), sort_keys=True).encode())
-    for module in (math_domain, inspect.getmodule(TinyRecipe)):  # data generators and this recipe
+    for module in (math_domain, code_domain, inspect.getmodule(TinyRecipe)):  # data generators and this recipe
         h.update(inspect.getsource(module).encode())
     return h.hexdigest()[:12]
 
@@ -116,6 +122,12 @@ def _unboxed(demo: str) -> str:
 
 def noisy_demonstration(task: Task, demo: str, recipe: TinyRecipe, rng: random.Random) -> str:
     u = rng.random()
+    if task.domain == "code":
+        if u < recipe.slip_rate:
+            return _code_slip(task, demo, rng)
+        if u < recipe.slip_rate + recipe.format_rate:
+            return demo.replace("    return ", "    ", 1)
+        return demo
     if u < recipe.slip_rate and task.answer is not None and re.fullmatch(r"-?\d+", task.answer):
         return _slip(demo, task.answer, rng)
     if u < recipe.slip_rate + recipe.format_rate:
@@ -123,13 +135,35 @@ def noisy_demonstration(task: Task, demo: str, recipe: TinyRecipe, rng: random.R
     return demo
 
 
+def _code_slip(task: Task, demo: str, rng: random.Random) -> str:
+    """A plausible wrong solution: a constant off by one, or a neighbouring operation."""
+    from polyrl.domains.code import LIST_OPS, STR_OPS
+
+    expr = demo.split("    return ", 1)[1].split("\n", 1)[0]
+    ops = LIST_OPS if task.difficulty == 2 else STR_OPS if task.difficulty == 3 else None
+    if ops is not None:
+        wrong = rng.choice([op for op in ops if op != expr])
+    else:  # "x + 3" -> "x + 4"; "2 * x + 5" -> "2 * x + 4" or "3 * x + 5"
+        numbers = list(re.finditer(r"\d+", expr))
+        target = rng.choice(numbers)
+        value = int(target.group()) + rng.choice([-1, 1])
+        wrong = expr[:target.start()] + str(max(value, 1)) + expr[target.end():]
+    return demo.replace(f"return {expr}", f"return {wrong}", 1)
+
+
 def sft_examples(recipe: TinyRecipe, n: int) -> list[tuple[str, str]]:
-    """(user prompt, assistant demonstration) pairs from the built-in domains' train splits."""
+    """(user prompt, assistant demonstration) pairs from the built-in domains' train splits,
+    shuffled together: `code_share` of them code, the rest math."""
+    from polyrl.domains.code import CodeDomain
     from polyrl.domains.math import MathDomain
 
     rng = random.Random(recipe.seed)
-    tasks = MathDomain(levels=recipe.math_levels).sample("train", n, seed=recipe.seed)
-    return [(t.prompt, noisy_demonstration(t, MathDomain.demonstration(t), recipe, rng)) for t in tasks]
+    n_code = round(n * recipe.code_share)
+    tasks = (MathDomain(levels=recipe.math_levels).sample("train", n - n_code, seed=recipe.seed)
+             + CodeDomain(levels=recipe.code_levels).sample("train", n_code, seed=recipe.seed))
+    rng.shuffle(tasks)
+    demonstrate = {"math": MathDomain.demonstration, "code": CodeDomain.demonstration}
+    return [(t.prompt, noisy_demonstration(t, demonstrate[t.domain](t), recipe, rng)) for t in tasks]
 
 
 # ---------------------------------------------------------------- training
@@ -180,8 +214,8 @@ def build_tiny_model(recipe: TinyRecipe, out_dir: Path, log: Callable[[str], Non
     save_pretrained(model, cfg, out_dir)
     card = {"recipe": asdict(recipe), "parameters": n_params, "final_loss": round(loss.item(), 4),
             "build_seconds": round(time.time() - start, 1),
-            "trained_on": "demonstrations of the built-in math domain's train split from a noisy teacher "
-                          "(see polyrl/models/tiny.py)"}
+            "trained_on": "demonstrations of the built-in math and code domains' train splits from a noisy "
+                          "teacher (see polyrl/models/tiny.py)"}
     (out_dir / "polyrl_recipe.json").write_text(json.dumps(card, indent=2))
     log(f"  built in {card['build_seconds']:.0f}s, final SFT loss {card['final_loss']}")
 

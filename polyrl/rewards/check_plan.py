@@ -45,8 +45,9 @@ from typing import Any
 
 from polyrl.rewards.code_harness import CallOutcome, parse_literal, to_literal
 from polyrl.sandbox.types import Limits, RunRequest, RunResult
+from polyrl.sandbox.zygote import public_program
 
-JUDGE_SOURCE = Path(__file__).with_name("judge_main.py").read_text()
+JUDGE_SOURCE = public_program(Path(__file__).with_name("judge_main.py").read_text())
 _HOOK, _VALUES = "__polyrl_assert__", "__polyrl_values__"
 
 

@@ -27,8 +27,9 @@ from typing import Any, Mapping, Sequence
 
 from polyrl.rewards.harness_main import check_plain
 from polyrl.sandbox.types import Limits, RunRequest, RunResult
+from polyrl.sandbox.zygote import public_program
 
-HARNESS_SOURCE = Path(__file__).with_name("harness_main.py").read_text()
+HARNESS_SOURCE = public_program(Path(__file__).with_name("harness_main.py").read_text())
 _SCALARS = (int, float, complex, bool, str, bytes, type(None))
 _ESCAPED = re.compile(r"\\(.)")
 _UNESCAPE = {"n": "\n", "r": "\r", "\\": "\\"}

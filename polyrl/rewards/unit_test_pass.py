@@ -4,7 +4,12 @@ Task shapes (DESIGN.md), both with `data["entry_point"]`:
 - `data["tests"] = [{"args": [...], "expected": ...}]`: one call per test; the return
   value, brought to JSON shape (tuples as lists), must equal `expected`.
 - `data["test"]`: a HumanEval `check(candidate)` source, `prompt` the signature and
-  docstring; one test per assert statement that calls the candidate (check_plan.py).
+  docstring; each assert statement that calls the candidate is judged (check_plan.py),
+  and the check is one test, as HumanEval defines it: the reward is 1 when every assert
+  passes, else 0 (`check_credit="all"`). `check_credit="per_assert"` gives the fraction
+  of asserts instead, a denser signal that a body doing nothing partly collects where
+  None is genuinely right (`candidate([]) == None`, `not candidate("<")`): 8 of the 164
+  HumanEval checks have such asserts.
 
 The completion becomes a program (code_extract.py: fenced block, whole function, or body
 after the prompt) that runs in a fresh sandbox per completion (code_harness.py,
@@ -18,7 +23,8 @@ Batches: checks are planned once per task (cached), then every completion runs a
 the backend's workers, then the few checks that need it are replayed. A Score's details:
 status ("passed", "failed", "load_error", "sandbox_error", "task_error"), passed, total,
 tests (per-test name/passed/status/detail), program form, a sandbox summary, the stderr
-tail, and with record=True a replay record (polyrl.sandbox.replay) under "replay".
+tail, and with record=True a replay record (polyrl.sandbox.replay) under "replay", or with
+`log` (an ExecutionLog) the id the record was stored under, as "execution".
 
 Not covered: stdin/stdout-style problems (a program reading input and printing answers),
 classes as entry points beyond calling them, floating-point tolerance for args/expected
@@ -38,6 +44,7 @@ from polyrl.rewards.check_plan import (
 )
 from polyrl.rewards.code_extract import Program, build_program
 from polyrl.rewards.code_harness import CallOutcome, call_literal, candidate_request, parse_outcomes
+from polyrl.sandbox.execution_log import ExecutionLog
 from polyrl.sandbox.pool import SandboxBackend, SandboxPool
 from polyrl.sandbox.replay import record
 from polyrl.sandbox.types import Limits, RunRequest, RunResult, SandboxConfig
@@ -85,8 +92,12 @@ class UnitTestPass:
     def __init__(
         self, backend: SandboxBackend | None = None, *, workers: int | None = None, allow_unsafe: bool = False,
         per_test_timeout_s: float = 3.0, total_timeout_s: float = 30.0, memory_limit_MB: int = 512,
-        limits: Limits | None = None, record: bool = False,
+        limits: Limits | None = None, record: bool = False, check_credit: str = "all",
+        log: ExecutionLog | None = None,
     ):
+        if check_credit not in ("all", "per_assert"):
+            raise ValueError(f"check_credit must be 'all' or 'per_assert', got {check_credit!r}")
+        self.check_credit = check_credit
         self._own_backend = backend is None
         self.backend = backend or SandboxPool(workers, SandboxConfig(allow_unsafe=allow_unsafe))
         self.per_test_timeout_s = per_test_timeout_s
@@ -94,6 +105,7 @@ class UnitTestPass:
         self.memory_limit_MB = memory_limit_MB
         self.limits = limits or Limits()
         self.record = record
+        self.log = log
         self._checks: dict[str, _Check] = {}
         self._closed = False
 
@@ -209,12 +221,19 @@ class UnitTestPass:
             assert job.check and job.check.plan
             verdicts = judge(job.check.plan, job.outcomes, job.replayed)
         passed = sum(v.passed for v in verdicts)
+        if not verdicts:
+            value = 0.0
+        elif job.tests is None and self.check_credit == "all":
+            value = float(passed == len(verdicts))
+        else:
+            value = passed / len(verdicts)
         load_failed = bool(job.outcomes) and all(o.status in ("load_error", "load_timeout") for o in job.outcomes)
         status = ("sandbox_error" if job.result.status == "sandbox_error" else "load_error" if load_failed
                   else "passed" if passed == len(verdicts) else "failed")
         result = job.result
         details: dict[str, Any] = {
             "status": status, "passed": passed, "total": len(verdicts), "tests": [v.to_json() for v in verdicts],
+            "credit": "tests" if job.tests is not None else self.check_credit,
             "program": job.program.form, "fenced": job.program.fenced,
             "sandbox": {"status": result.status, "exit_code": result.exit_code, "signal": result.signal,
                         "wall_time_s": round(result.wall_time_s, 4), "cpu_time_s": round(result.cpu_time_s, 4),
@@ -225,11 +244,14 @@ class UnitTestPass:
             details["error"] = job.outcomes[0].detail
         if job.judge_error:
             details["judge_error"] = job.judge_error
-        if self.record:
-            details["replay"] = record(job.request, result, _settings(self.backend),
-                                       verdicts=details["tests"], rejudge=f"{__name__}:rejudge",
-                                       rejudge_data=self._rejudge_data(job))
-        return Score(passed / len(verdicts) if verdicts else 0.0, details)
+        if self.record or self.log is not None:
+            rec = record(job.request, result, _settings(self.backend), verdicts=details["tests"],
+                         rejudge=f"{__name__}:rejudge", rejudge_data=self._rejudge_data(job))
+            if self.log is not None:
+                details["execution"] = self.log.add(rec, task_id=job.task.id)
+            else:
+                details["replay"] = rec
+        return Score(value, details)
 
     def _rejudge_data(self, job: _Job) -> dict[str, Any]:
         data: dict[str, Any] = {"nonce": job.nonce, "calls": len(job.calls), "memory_limit_MB": self.memory_limit_MB}

@@ -1,14 +1,18 @@
 """The bubblewrap command line: every namespace unshared, a read-only system, private /tmp.
 
-One run is one `bwrap` process: `--unshare-all` (user, pid, network, ipc, uts, cgroup
-namespaces, and a new mount namespace), so the only network is an unconfigured loopback;
+With start="spawn", one run is one `bwrap` process (`bwrap_argv`): `--unshare-all` (user,
+pid, network, ipc, uts, cgroup namespaces, and a new mount namespace), so the only
+network is an unconfigured loopback;
 `--ro-bind` of /usr (plus the merged-/usr symlinks) and nothing else of the host, on a
-root that is remounted read-only; a size-capped tmpfs at /tmp as the working directory
+root that is remounted read-only; no way to make further user namespaces
+(`--disable-userns`); a size-capped tmpfs at /tmp as the working directory
 (the only writable place); a cleared environment; a new session
 (no TIOCSTI into the caller's terminal); `--die-with-parent`; and `--as-pid-1`, so the
 program is the pid namespace's init: when it exits or is killed, the kernel kills every
 process left in the namespace, and bubblewrap reaps it (no zombie for the host's init).
-The uid drop and rlimits are applied by runner.py before bubblewrap starts.
+The uid drop and rlimits are applied by runner.py before bubblewrap starts. With
+start="fork" (the default), one long-lived bubblewrap per worker slot (`zygote_argv`)
+forks every execution into namespaces of its own (zygote_main.py).
 
 Not covered: seccomp (bubblewrap applies none unless given a compiled filter; the host
 kernel is shared, so a kernel exploit escapes), cgroup limits, GPUs, and hosts where
@@ -80,9 +84,12 @@ def program_argv(config: SandboxConfig, request: RunRequest, workdir: str) -> li
     return ["/bin/bash", main]
 
 
-def bwrap_argv(bwrap: str, config: SandboxConfig, request: RunRequest, file_fds: list[tuple[int, str]]) -> list[str]:
-    """The full command. `file_fds` are (readable fd, path relative to /tmp) pairs."""
-    argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1", "--clearenv"]
+def _namespaces_and_system(bwrap: str, config: SandboxConfig) -> list[str]:
+    """The part both ways of starting share: namespaces, environment, the read-only system."""
+    # --disable-userns (it needs --unshare-user spelled out): nothing inside may make
+    # another user namespace, and without one no other namespace (they need CAP_SYS_ADMIN).
+    argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+            "--as-pid-1", "--clearenv"]
     for key, value in sandbox_env(WORKDIR).items():
         argv += ["--setenv", key, value]
     for path in config.ro_binds:
@@ -92,6 +99,13 @@ def bwrap_argv(bwrap: str, config: SandboxConfig, request: RunRequest, file_fds:
         argv += ["--proc", "/proc"]
     if config.dev:
         argv += ["--dev", "/dev"]
+    return argv
+
+
+def bwrap_argv(bwrap: str, config: SandboxConfig, request: RunRequest, file_fds: list[tuple[int, str]]) -> list[str]:
+    """start="spawn": one bubblewrap for one request. `file_fds` are (readable fd, path
+    relative to /tmp) pairs."""
+    argv = _namespaces_and_system(bwrap, config)
     argv += ["--size", str(request.limits.tmp_size_MB << 20), "--tmpfs", WORKDIR]
     made: set[str] = set()
     for fd, name in file_fds:
@@ -103,6 +117,25 @@ def bwrap_argv(bwrap: str, config: SandboxConfig, request: RunRequest, file_fds:
                 argv += ["--dir", f"{WORKDIR}/{folder}"]
         argv += ["--file", str(fd), f"{WORKDIR}/{name}"]
     argv += ["--remount-ro", "/", "--chdir", WORKDIR, "--", *program_argv(config, request, WORKDIR)]
+    return argv
+
+
+ZYGOTE_PATH = "/.polyrl/zygote.py"
+
+
+def zygote_argv(bwrap: str, config: SandboxConfig, source_fd: int) -> list[str]:
+    """start="fork": the long-lived bubblewrap whose pid 1 is zygote_main.py.
+
+    The zygote keeps CAP_SYS_ADMIN and CAP_SETPCAP there (never
+    on the host) to give each execution its own namespaces and tmpfs, and each execution
+    drops both before its program starts. /tmp is an empty directory of the read-only
+    root: each execution mounts its own tmpfs over it.
+    """
+    argv = _namespaces_and_system(bwrap, config)
+    argv += ["--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP",
+             "--dir", WORKDIR, "--dir", ZYGOTE_PATH.rsplit("/", 1)[0], "--file", str(source_fd), ZYGOTE_PATH,
+             "--remount-ro", "/", "--chdir", "/", "--", config.python, *config.python_flags, ZYGOTE_PATH,
+             *config.preload]
     return argv
 
 

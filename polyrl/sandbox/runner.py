@@ -40,8 +40,17 @@ def default_uid_base() -> int:
     return 100_000 + (os.getpid() % 50_000) * MAX_SLOTS
 
 
+def slot_uid(config: SandboxConfig, slot: int) -> int | None:
+    """The uid worker `slot` runs as: its own when this process is root, else ours (None)."""
+    if os.geteuid() != 0:
+        return None
+    return (config.uid_base if config.uid_base is not None else default_uid_base()) + slot
+
+
 def run(request: RunRequest, config: SandboxConfig | None = None, slot: int = 0) -> RunResult:
-    """Run one request. Raises only for setup errors (BubblewrapMissing), never for the program."""
+    """Run one request in a sandbox of its own (start="spawn", whatever config.start says:
+    zygotes live in a SandboxPool). Raises only for setup errors (BubblewrapMissing), never
+    for the program."""
     config = config or SandboxConfig()
     assert 0 <= slot < MAX_SLOTS, slot
     if config.isolation == "bwrap":
@@ -51,14 +60,14 @@ def run(request: RunRequest, config: SandboxConfig | None = None, slot: int = 0)
     return run_unsafe(request, config, why="isolation='none'")
 
 
-def _encode(text: str | bytes) -> bytes:
+def encode(text: str | bytes) -> bytes:
     """UTF-8; lone surrogates (bad model text) pass through and fail inside, as values."""
     return text if isinstance(text, bytes) else text.encode(errors="surrogatepass")
 
 
 def _files(request: RunRequest) -> list[tuple[str, bytes]]:
-    main = (MAIN_FILES[request.language], _encode(request.code))
-    return [main] + [(name, _encode(data)) for name, data in request.files.items()]
+    main = (MAIN_FILES[request.language], encode(request.code))
+    return [main] + [(name, encode(data)) for name, data in request.files.items()]
 
 
 def _rlimits(request: RunRequest, nproc: int, setup_fds: int) -> tuple[tuple[int, int], ...]:
@@ -93,18 +102,15 @@ def _run_bwrap(request: RunRequest, config: SandboxConfig, bwrap: str, slot: int
             os.write(fd, data)
             os.lseek(fd, 0, os.SEEK_SET)
             fds.append((fd, name))
-        if os.geteuid() == 0:
-            uid: int | None = (config.uid_base if config.uid_base is not None else default_uid_base()) + slot
-            nproc = request.limits.processes
-        else:
-            uid, nproc = None, request.limits.processes + _own_process_count(os.getuid())
+        uid = slot_uid(config, slot)
+        nproc = request.limits.processes + (0 if uid is not None else _own_process_count(os.getuid()))
         spawn = Spawn(
             argv=bwrap_argv(bwrap, config, request, fds), env={"PATH": "/usr/bin:/bin"},
-            stdin=_encode(request.stdin), timeout_s=request.run_timeout,
+            stdin=encode(request.stdin), timeout_s=request.run_timeout,
             stdout_max=request.limits.stdout_max_bytes, stderr_max=request.limits.stderr_max_bytes,
             rlimits=_rlimits(request, nproc, len(fds) + 8), uid=uid, cwd="/", pass_fds=tuple(fd for fd, _ in fds),
         )
-        return _result(execute(spawn, kill_child_then_parent), request, isolated=True)
+        return result_of(execute(spawn, kill_child_then_parent), request, BWRAP_SETUP_ERROR, signal_above_128=True)
     finally:
         for fd, _ in fds:
             os.close(fd)
@@ -121,17 +127,25 @@ def run_unsafe(request: RunRequest, config: SandboxConfig, why: str) -> RunResul
             with open(path, "wb") as f:
                 f.write(data)
         spawn = Spawn(
-            argv=program_argv(config, request, workdir), env=sandbox_env(workdir), stdin=_encode(request.stdin),
+            argv=program_argv(config, request, workdir), env=sandbox_env(workdir), stdin=encode(request.stdin),
             timeout_s=request.run_timeout, stdout_max=request.limits.stdout_max_bytes,
             stderr_max=request.limits.stderr_max_bytes, rlimits=_rlimits(request, request.limits.processes, 0),
             cwd=workdir, new_session=True,
         )
-        return _result(execute(spawn, kill_group), request, isolated=False)
+        return result_of(execute(spawn, kill_group), request, None)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _result(outcome: Outcome, request: RunRequest, isolated: bool) -> RunResult:
+BWRAP_SETUP_ERROR = (1, b"bwrap: ")
+"""bubblewrap's own failures: exit code 1 and a message with this prefix."""
+
+
+def result_of(outcome: Outcome, request: RunRequest, setup_error: tuple[int, bytes] | None,
+              signal_above_128: bool = False) -> RunResult:
+    """The RunResult of an Outcome. `setup_error` (exit code, stderr prefix) marks the
+    isolation layer's own failures as "sandbox_error"; `signal_above_128` reads exit codes
+    above 128 as signals (bubblewrap's --as-pid-1 reports a signal-killed program that way)."""
     result = RunResult(
         status="ok", stdout=outcome.stdout.decode(errors="replace"), stderr=outcome.stderr.decode(errors="replace"),
         stdout_truncated=outcome.stdout_truncated, stderr_truncated=outcome.stderr_truncated,
@@ -142,7 +156,7 @@ def _result(outcome: Outcome, request: RunRequest, isolated: bool) -> RunResult:
         return result
     assert outcome.wait_status is not None
     code = os.waitstatus_to_exitcode(outcome.wait_status)
-    if isolated and code > 128:
+    if signal_above_128 and code > 128:
         result.signal = code - 128
     elif code < 0:
         result.signal = -code
@@ -158,7 +172,7 @@ def _result(outcome: Outcome, request: RunRequest, isolated: bool) -> RunResult:
         result.status, result.message = "killed", f"killed by {_signal_name(result.signal)}"
     elif code == 0:
         result.status = "ok"
-    elif isolated and code == 1 and outcome.stderr.startswith(b"bwrap: "):
+    elif setup_error is not None and code == setup_error[0] and outcome.stderr.startswith(setup_error[1]):
         result.status, result.message = "sandbox_error", result.stderr.splitlines()[0]
     else:
         result.status = "error"

@@ -23,6 +23,7 @@ from polyrl.rl.curriculum import allocate
 from polyrl.rl.loss import clipped_tokens, kl_k3, kl_penalty, masked_mean, policy_loss
 from polyrl.rl.overlong import overlong_mask, overlong_rewards
 from polyrl.rollout.groups import Group, sample_groups, score_groups
+from polyrl.sandbox.execution_log import ExecutionLog
 from polyrl.train.batch import build_batch, token_entropy, token_logprobs
 from polyrl.train.display import Display
 from polyrl.train.evaluate import evaluate
@@ -51,7 +52,7 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, log: Callab
     model_dir = resolve_model_dir(cfg.model.path, log=log)
     policy, tokenizer = load_policy(model_dir, cfg.model.dtype)
     engine = DenseEngine(copy.deepcopy(policy), tokenizer)
-    doms = build_domains(cfg)
+    doms = build_domains(cfg, ExecutionLog(rd.executions))
     uses_kl = any(c > 0 for c in doms.kl_coef.values())
     ref = copy.deepcopy(policy).eval().requires_grad_(False) if uses_kl else None
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.trainer.lr, betas=(0.9, 0.99),

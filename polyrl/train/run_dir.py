@@ -5,6 +5,8 @@
       metrics.jsonl        one line per step: per-domain reward, KL, entropy, length, ...
       trajectories.jsonl   every sample: prompt, completion, token ids, logprobs, reward
                            with its details, weight version (enough to re-score it)
+      executions.jsonl     every code execution, replayable (`polyrl replay RUN_DIR ID`);
+                           blobs/ holds the program text they share
       eval/before.json     held-out evaluation of the base model
       eval/after.json      ... and of the trained one
       state/state.pt       latest training state: policy, optimizer, step, curriculum, clock
@@ -43,6 +45,10 @@ class RunDir:
     @property
     def trajectories(self) -> Path:
         return self.path / "trajectories.jsonl"
+
+    @property
+    def executions(self) -> Path:
+        return self.path / "executions.jsonl"
 
     @property
     def state(self) -> Path:

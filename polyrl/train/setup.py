@@ -19,6 +19,7 @@ from polyrl.models.tokenizer import Tokenizer
 from polyrl.models.transformer import Transformer
 from polyrl.rewards.base import Verifier
 from polyrl.rewards.registry import get_verifier
+from polyrl.sandbox.execution_log import ExecutionLog
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -63,20 +64,25 @@ class Domains:
             v.close()
 
 
-def build_domains(cfg: RunConfig) -> Domains:
-    from polyrl.domains.pack import DEFAULT_VERIFIERS, PackDomain, load_pack
+def build_domains(cfg: RunConfig, execution_log: ExecutionLog | None = None) -> Domains:
+    """Domains, verifiers and sampling of `cfg`; code executions are recorded in `execution_log`."""
+    from polyrl.domains.pack import PackDomain, load_pack, verifier_for
     from polyrl.domains.registry import get_domain
 
     domains, weights, verifier_of, kl, sampling, eval_sampling = {}, {}, {}, {}, {}, {}
+    names: set[str] = set()
     for t in cfg.rl_tasks:
         if t.pack:
             loaded = load_pack(t.pack)
             if loaded.errors:
                 lines = "\n".join(f"  {t.pack}:{e.line}: {e.message}" for e in loaded.errors[:10])
                 raise ValueError(f"task pack for domain {t.domain!r} has malformed lines:\n{lines}")
-            # Lines of other domains name their verifier (load_pack checks), so any default works.
-            default = t.reward or DEFAULT_VERIFIERS.get(t.domain, "answer_verify")
-            domain = PackDomain(t.domain, [task for _, task in loaded.tasks], default)
+            # Tasks train under the run file's name for the domain; each keeps the verifier
+            # of its own line (its "verifier", else the run file's reward, else its line's domain's).
+            tasks = [replace(task, domain=t.domain, verifier=task.verifier or t.reward or verifier_for(task))
+                     for _, task in loaded.tasks]
+            names |= {task.verifier for task in tasks if task.verifier}
+            domain = PackDomain(t.domain, tasks, t.reward or (tasks[0].verifier if tasks else None) or "answer_verify")
         else:
             domain = get_domain(t.domain)
         domains[t.domain] = domain
@@ -87,7 +93,13 @@ def build_domains(cfg: RunConfig) -> Domains:
         sampling[t.domain] = SamplingParams(temperature=cfg.engine.temperature, top_p=cfg.engine.top_p,
                                             top_k=cfg.engine.top_k, max_tokens=max_tokens)
         eval_sampling[t.domain] = replace(sampling[t.domain], max_tokens=cfg.eval.max_tokens or max_tokens)
-    names = set(verifier_of.values())
-    return Domains(domains, weights, verifier_of, {n: get_verifier(n) for n in sorted(names)}, kl,
-                   sampling, eval_sampling)
+    names |= set(verifier_of.values())
+    verifiers = {n: get_verifier(n, **_run_options(n, execution_log)) for n in sorted(names)}
+    return Domains(domains, weights, verifier_of, verifiers, kl, sampling, eval_sampling)
 
+
+def _run_options(verifier: str, execution_log: ExecutionLog | None) -> dict:
+    """What a training run gives a verifier beyond its defaults."""
+    if verifier == "unit_test_pass" and execution_log is not None:
+        return {"log": execution_log}
+    return {}
