@@ -94,13 +94,16 @@ def test_earlier_requests_leave_nothing_in_a_later_cells_memory(one_slot: Sandbo
         assert lines == {"buffers": "2 0", "hits": "0"}
 
 
-def test_a_dead_zygote_is_restarted(one_slot: SandboxPool) -> None:
-    assert one_slot.run(py("print(1)")).stdout == "1\n"
+def test_public_programs_are_kept_and_a_dead_zygote_is_restarted(one_slot: SandboxPool) -> None:
+    program = zygote_module.public_program(f"import sys\nprint('{MARKER}', sys.stdin.read())\n")
+    runs = [one_slot.run(py(program, stdin=str(i))).stdout for i in range(3)]  # sent once, then kept
+    assert runs == [f"{MARKER} {i}\n" for i in range(3)]
     zygote = one_slot._zygotes[0]  # type: ignore[index]
-    assert zygote.proc is not None
+    assert zygote.proc is not None and zygote._kept
     os.kill(zygote.proc.pid, signal.SIGKILL)
     zygote.proc.wait()
     assert one_slot.run(py("print(2)")).stdout == "2\n"
+    assert one_slot.run(py(program, stdin="again")).stdout == f"{MARKER} again\n"
 
 
 def test_a_python_traceback_starts_at_the_program(one_slot: SandboxPool) -> None:

@@ -107,7 +107,11 @@ class Zygote:
     # ------------------------------------------------------------------ internals
 
     def _start(self) -> str | None:
-        """Start bubblewrap and the zygote; a message when that fails."""
+        """Start bubblewrap and the zygote; a message when that fails.
+
+        bubblewrap's --die-with-parent follows the starting *thread*: a zygote started from
+        a thread that then ends is killed, and the next request starts another."""
+        self._kept.clear()
         fd = os.memfd_create("polyrl-zygote")
         try:
             os.write(fd, ZYGOTE_SOURCE.encode())

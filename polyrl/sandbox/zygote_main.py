@@ -395,10 +395,9 @@ def main():
             os._exit(0)  # the host closed the pipe: the whole sandbox goes with pid 1
         try:
             result = _serve(cell, header)
-        except EOFError:
+        except BaseException as err:  # mid-request, the framing is lost: end; the host restarts us
+            os.write(2, ("zygote: %r\n" % (err,)).encode())
             os._exit(1)
-        except OSError as err:
-            result = {"reason": "spawn_error", "message": "zygote: %r" % (err,)}
         cell.close()
         _in_buf[:] = bytes(_CHUNK)  # nothing of this request reaches the next cell
         _out_buf[:] = bytes(_CHUNK)
