@@ -241,3 +241,26 @@ def test_registry_builds_it_and_close_is_final() -> None:
     v.close()
     with pytest.raises(RuntimeError, match="close"):
         v.score([args_task([([1], 1)])], ["def f(x): return x"])
+
+
+def test_copies_of_a_program_run_once_and_share_the_record(verifier: UnitTestPass, tmp_path) -> None:
+    from polyrl.sandbox.execution_log import ExecutionLog
+
+    class Counting:
+        def __init__(self, backend):
+            self.backend, self.runs = backend, 0
+
+        def run_many(self, requests):
+            self.runs += len(requests)
+            return self.backend.run_many(requests)
+
+    counting = Counting(verifier.backend)
+    log = ExecutionLog(tmp_path / "executions.jsonl")
+    grader = UnitTestPass(counting, log=log)  # type: ignore[arg-type]
+    task = args_task([([1], 2), ([2], 3)])
+    right, wrong = "def f(x):\n    return x + 1\n", "def f(x):\n    return 2\n"
+    scores = grader.score([task] * 6, [right, wrong, right, right, wrong, right])
+    assert counting.runs == 2
+    assert [s.value for s in scores] == [1.0, 0.5, 1.0, 1.0, 0.5, 1.0]
+    assert len({s.details["execution"] for s in scores}) == 2
+    assert len((tmp_path / "executions.jsonl").read_text().splitlines()) == 2

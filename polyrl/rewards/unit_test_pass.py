@@ -19,8 +19,10 @@ hangs or returns a non-data object fails that test only. Exploits that score 0 (
 tricks, always-equal objects, patched builtins or test frameworks, fake output, reading
 expected values) are tests/test_sandbox_exploits.py.
 
-Batches: checks are planned once per task (cached), then every completion runs at once on
-the backend's workers, then the few checks that need it are replayed. A Score's details:
+Batches: checks are planned once per task (cached), then every distinct program runs at
+once on the backend's workers (copies of one program, common within a GRPO group, run
+once and share the result and the execution record), then the few checks that need it
+are replayed. A Score's details:
 status ("passed", "failed", "load_error", "sandbox_error", "task_error"), passed, total,
 tests (per-test name/passed/status/detail), program form, a sandbox summary, the stderr
 tail, and with record=True a replay record (polyrl.sandbox.replay) under "replay", or with
@@ -117,15 +119,25 @@ class UnitTestPass:
         jobs = [self._job(task, completion) for task, completion in zip(tasks, completions)]
         self._plan_checks([j for j in jobs if j.check_key is not None])
         runnable = [j for j in jobs if j.check is None or j.check.error is None]
+        # A GRPO group often samples the same program several times: run each distinct
+        # (program, calls) once and give every copy its result.
+        leaders: dict[tuple, _Job] = {}
         for job in runnable:
-            job.request, job.nonce = candidate_request(
-                job.program.code, job.entry, job.calls, self.per_test_timeout_s, self.total_timeout_s,
-                self.memory_limit_MB, self.limits)
-        for job, result in zip(runnable, self.backend.run_many([j.request for j in runnable])):
+            leader = leaders.setdefault((job.program.code, job.entry, tuple(job.calls)), job)
+            if leader is job:
+                job.request, job.nonce = candidate_request(
+                    job.program.code, job.entry, job.calls, self.per_test_timeout_s, self.total_timeout_s,
+                    self.memory_limit_MB, self.limits)
+        unique = list(leaders.values())
+        for job, result in zip(unique, self.backend.run_many([j.request for j in unique])):
             job.result = result
             job.outcomes = parse_outcomes(result, job.nonce, len(job.calls))
+        for job in runnable:
+            leader = leaders[(job.program.code, job.entry, tuple(job.calls))]
+            job.request, job.nonce, job.result, job.outcomes = leader.request, leader.nonce, leader.result, leader.outcomes
         self._replay([j for j in runnable if j.check and j.check.plan and j.check.plan.complex_executions])
-        return [self._score(job) for job in jobs]
+        logged: dict[tuple, str] = {}
+        return [self._score(job, logged) for job in jobs]
 
     def plan(self, tasks: Sequence[Task]) -> list[CheckPlan | None]:
         """Plan the checks of `tasks` now (cached for later scores); None for args/expected
@@ -211,7 +223,8 @@ class UnitTestPass:
 
     # ------------------------------------------------------------------ judging
 
-    def _score(self, job: _Job) -> Score:
+    def _score(self, job: _Job, logged: dict[tuple, str]) -> Score:
+        """The job's Score; `logged` maps (execution, task) to the id already stored for it."""
         if job.check is not None and job.check.error is not None:
             return Score(0.0, {"status": "task_error", "error": job.check.error, "passed": 0, "total": 0, "tests": []})
         assert job.result is not None and job.request is not None
@@ -248,7 +261,10 @@ class UnitTestPass:
             rec = record(job.request, result, _settings(self.backend), verdicts=details["tests"],
                          rejudge=f"{__name__}:rejudge", rejudge_data=self._rejudge_data(job))
             if self.log is not None:
-                details["execution"] = self.log.add(rec, task_id=job.task.id)
+                key = (id(job.result), job.check_key or json.dumps(job.tests))
+                if key not in logged:
+                    logged[key] = self.log.add(rec, task_id=job.task.id)
+                details["execution"] = logged[key]
             else:
                 details["replay"] = rec
         return Score(value, details)
