@@ -5,6 +5,8 @@
   polyrl score PACK.jsonl --completions C.jsonl [--json]
   polyrl pack NAME [-o OUT.jsonl]           write a built-in task set (humaneval, code, math) as a pack
   polyrl replay RUN_DIR [ID] [--list]       re-run a recorded code execution and compare its verdict
+  polyrl agent [PACK.jsonl] [--model M | --openai-base-url URL] [--budget N]   run agent tasks, live view
+  polyrl obs RUN_DIR [--json] [--price-input P --price-output P]             per-call figures of a run
 """
 
 from __future__ import annotations
@@ -54,11 +56,15 @@ def main(argv: list[str] | None = None) -> int:
     add_train_arguments(sub.add_parser("train", help="train with GRPO (no file: the built-in quickstart)"))
 
     from polyrl import pack_cli, replay, score
+    from polyrl.agent import cli as agent_cli
+    from polyrl.obs import report as obs_report
 
-    commands = {"score": score, "pack": pack_cli, "replay": replay}
+    commands = {"score": score, "pack": pack_cli, "replay": replay, "agent": agent_cli, "obs": obs_report}
     score.add_arguments(sub.add_parser("score", help="score completions of a task pack, no model needed"))
     pack_cli.add_arguments(sub.add_parser("pack", help="write a built-in task set as a JSONL task pack"))
     replay.add_arguments(sub.add_parser("replay", help="re-run a recorded code execution and compare its verdict"))
+    agent_cli.add_arguments(sub.add_parser("agent", help="run agent tasks against a model, with a live view"))
+    obs_report.add_arguments(sub.add_parser("obs", help="token, cache, tool and budget figures of a run"))
     args = parser.parse_args(argv)
     if args.command == "train":
         return train_main(args)

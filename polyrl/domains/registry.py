@@ -14,6 +14,7 @@ _DOMAINS: dict[str, str] = {
     "math": "polyrl.domains.math:MathDomain",
     "code": "polyrl.domains.code:CodeDomain",
     "humaneval": "polyrl.domains.humaneval:HumanEvalDomain",
+    "agent": "polyrl.domains.agent:AgentDomain",
 }
 
 

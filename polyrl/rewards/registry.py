@@ -12,6 +12,7 @@ from polyrl.rewards.base import Verifier
 _VERIFIERS: dict[str, str] = {
     "answer_verify": "polyrl.rewards.answer_verify:AnswerVerify",
     "unit_test_pass": "polyrl.rewards.unit_test_pass:UnitTestPass",
+    "success_minus_cost": "polyrl.rewards.success_minus_cost:SuccessMinusCost",
 }
 
 

@@ -1,0 +1,201 @@
+"""`polyrl agent`: run agent tasks against a model, with a live view of steps, tools and budget.
+
+    polyrl agent                                   1 generated held-out task, builtin:tiny
+    polyrl agent --generate 20 --levels 3 4        20 generated tasks of levels 3 and 4
+    polyrl agent PACK.jsonl [--id ID ...]          tasks of an agent task pack
+    polyrl agent --openai-base-url http://localhost:8000/v1 --openai-model Qwen/Qwen2.5-7B-Instruct
+    polyrl agent --budget 600 --max-steps 6 --run-dir runs/agent-try
+
+Each task runs one episode of the agent loop; the live view prints every model call
+(tokens, cache hits, budget), every tool call and result, and every budget or context
+event. The run directory gets `obs.sqlite` (read it with `polyrl obs RUN_DIR`) and
+`agent_episodes.jsonl` (one full trajectory per episode, untruncated tool results,
+reward and verdict). Episodes are scored with success_minus_cost (--alpha, --beta).
+
+Out of scope: running episodes concurrently (they run one after another), chat
+sessions with a human, and model endpoints other than OpenAI-compatible ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Callable, TextIO
+
+from polyrl.agent.budget import TokenBudget
+from polyrl.agent.loop import AgentConfig, ModelSlot, run_agent
+from polyrl.obs import records as R
+from polyrl.obs.records import ObsRecord, Tee
+from polyrl.obs.store import ObsStore
+from polyrl.types import Task
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("pack", nargs="?", help="agent task pack (JSONL); default: generated tasks of the agent domain")
+    p.add_argument("--id", action="append", default=[], help="run only this task id of the pack (repeatable)")
+    p.add_argument("--generate", type=int, default=1, metavar="N", help="generated tasks to run (default 1)")
+    p.add_argument("--levels", type=int, nargs="+", default=[1, 2, 3, 4], help="levels of generated tasks")
+    p.add_argument("--split", default="heldout", choices=["train", "heldout"], help="split of generated tasks")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default="builtin:tiny", help="polyrl/Hugging Face model dir, or builtin:tiny")
+    p.add_argument("--openai-base-url", help="an OpenAI-compatible endpoint instead of --model")
+    p.add_argument("--openai-model", default="default", help="model name at the endpoint")
+    p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
+    p.add_argument("--tool-format", default="openai", choices=["openai", "text"],
+                   help="endpoint tool calls: OpenAI tools, or the text format for endpoints without tools")
+    p.add_argument("--stream", action="store_true", help="stream endpoint calls (measures time to first token)")
+    p.add_argument("--fallback-openai-model", help="a lighter model at the same endpoint, used over budget")
+    p.add_argument("--fallback-cost-weight", type=float, default=0.25,
+                   help="budget tokens per token of the fallback model (default 0.25)")
+    p.add_argument("--budget", type=int, help="token budget per episode (prompt + completion); default none")
+    p.add_argument("--max-steps", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=64, help="completion tokens per model call")
+    p.add_argument("--timeout", type=float, help="seconds per episode")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--alpha", type=float, default=0.02, help="success_minus_cost: cost per model call")
+    p.add_argument("--beta", type=float, default=1e-4, help="success_minus_cost: cost per token")
+    p.add_argument("--run-dir", help="where to write obs.sqlite and agent_episodes.jsonl "
+                                     "(default runs/agent-<time>)")
+    p.add_argument("--otel-endpoint", help="also export records as OTLP/HTTP spans (needs polyrl[otel])")
+    p.add_argument("--json", action="store_true", help="one JSON summary on stdout; the live view goes to stderr")
+    p.add_argument("--quiet", action="store_true", help="no live view, only the summary")
+
+
+class LiveView:
+    """A Recorder printing each record as one line as it arrives."""
+
+    def __init__(self, out: TextIO):
+        self.out = out
+
+    def record(self, rec: ObsRecord) -> None:
+        a = rec.attributes
+        if rec.kind == "model":
+            budget = a.get("x.budget.limit")
+            spent = a.get("x.budget.spent")
+            money = f"budget {spent}/{budget} ({spent / budget:.0%})" if budget else f"spent {spent}"
+            error = f" ERROR {a[R.ERROR_TYPE]}" if a.get(R.ERROR_TYPE) else ""
+            line = (f"  step {rec.step} {a.get('x.call.purpose', 'act'):<8} {a.get('gen_ai.request.model')}: "
+                    f"in {a.get(R.INPUT_TOKENS)} (cached {a.get(R.CACHE_READ_TOKENS)}) out {a.get(R.OUTPUT_TOKENS)}, "
+                    f"{(rec.duration_s or 0) * 1e3:.0f} ms, {money}{error}")
+        elif rec.kind == "tool":
+            args = ", ".join(f"{k}={v}" for k, v in (a.get("gen_ai.tool.call.arguments") or {}).items())
+            error = f"  [{a[R.ERROR_TYPE]}]" if a.get(R.ERROR_TYPE) else ""
+            line = f"    {a.get(R.TOOL_NAME)}({args}) -> {a.get('gen_ai.tool.call.result')}{error}"
+        elif rec.kind == "event":
+            details = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in a.items()
+                                if k not in ("x.step", "x.task_id") and v is not None)
+            line = f"    ! {rec.name}: {details}"
+        else:
+            return
+        print(line, file=self.out, flush=True)
+
+
+def _load_tasks(args: argparse.Namespace) -> list[Task]:
+    if args.pack:
+        from polyrl.domains.pack import load_pack
+
+        loaded = load_pack(args.pack)
+        for err in loaded.errors:
+            print(f"{args.pack}:{err.line}: {err.message}", file=sys.stderr)
+        tasks = [t for _, t in loaded.tasks]
+        if args.id:
+            missing = set(args.id) - {t.id for t in tasks}
+            if missing:
+                raise SystemExit(f"polyrl agent: ids not in {args.pack}: {', '.join(sorted(missing))}")
+            tasks = [t for t in tasks if t.id in set(args.id)]
+        return tasks
+    from polyrl.domains.agent import AgentDomain
+
+    return AgentDomain(levels=tuple(args.levels)).sample(args.split, args.generate, args.seed)
+
+
+def _model_factory(args: argparse.Namespace) -> Callable[[], list[ModelSlot]]:
+    """Makes the model slots of one episode (engine backends hold one episode's tokens)."""
+    if args.openai_base_url:
+        from polyrl.agent.openai_model import OpenAIChatModel
+
+        key = os.environ.get(args.api_key_env)
+        make = lambda name: OpenAIChatModel(name, args.openai_base_url, key, tool_format=args.tool_format,  # noqa: E731
+                                            stream=args.stream, temperature=args.temperature)
+        slots = [ModelSlot(make(args.openai_model))]
+        if args.fallback_openai_model:
+            slots.append(ModelSlot(make(args.fallback_openai_model), args.fallback_cost_weight))
+        return lambda: slots
+    from polyrl.agent.engine_model import EngineChatModel
+    from polyrl.engine.base import SamplingParams
+    from polyrl.engine.dense import DenseEngine
+    from polyrl.train.setup import load_policy, resolve_model_dir
+
+    model_dir = resolve_model_dir(args.model, log=lambda m: print(m, file=sys.stderr))
+    model, tokenizer = load_policy(model_dir, "float32")
+    engine = DenseEngine(model, tokenizer)
+    window = model.cfg.max_position_embeddings
+    sampling = SamplingParams(temperature=args.temperature, seed=args.seed)
+    name = "tiny" if args.model == "builtin:tiny" else Path(args.model).name
+    return lambda: [ModelSlot(EngineChatModel(engine, tokenizer, sampling, name, window))]
+
+
+def main(args: argparse.Namespace) -> int:
+    from polyrl.domains.agent import AgentDomain
+    from polyrl.rewards.success_minus_cost import SuccessMinusCost
+
+    config = AgentConfig(max_steps=args.max_steps, max_tokens=args.max_tokens, timeout_s=args.timeout)
+    try:
+        tasks = _load_tasks(args)
+    except (OSError, ValueError) as exc:
+        print(f"polyrl agent: {exc}", file=sys.stderr)
+        return 2
+    if not tasks:
+        print("polyrl agent: no tasks to run", file=sys.stderr)
+        return 2
+    slots_for = _model_factory(args)
+    verifier = SuccessMinusCost(alpha=args.alpha, beta=args.beta)
+    run_dir = Path(args.run_dir or f"runs/agent-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    view_out = sys.stderr if args.json else sys.stdout
+    otel = None
+    if args.otel_endpoint:
+        from polyrl.obs.otel import otlp_recorder
+
+        otel = otlp_recorder(args.otel_endpoint)
+
+    summary = []
+    with ObsStore.in_run_dir(run_dir) as store, open(run_dir / "agent_episodes.jsonl", "a") as log:
+        recorder = Tee(store, otel, None if args.quiet else LiveView(view_out))
+        for k, task in enumerate(tasks):
+            if not args.quiet:
+                print(f"[{k + 1}/{len(tasks)}] {task.id}: {task.prompt}", file=view_out, flush=True)
+            budget = TokenBudget(args.budget) if args.budget else None
+            trace_id = f"agent-{k}-{task.id}"
+            result = run_agent(task.prompt, AgentDomain.toolbox(task), slots_for(), config, budget, recorder,
+                               trace_id, task.id)
+            score = verifier.score([task], [result.to_completion()])[0]
+            success = bool(score.details.get("success"))
+            store.record(R.episode(trace_id, task.id, success=success, reward=score.value,
+                                   stop_reason=result.stop_reason, steps=len(result.steps),
+                                   input_tokens=result.input_tokens, output_tokens=result.output_tokens,
+                                   cached_tokens=result.cached_tokens))
+            log.write(json.dumps({**result.to_json(), "expected": task.answer, "reward": score.value,
+                                  "success": success}) + "\n")
+            summary.append({"id": task.id, "answer": result.answer, "expected": task.answer, "success": success,
+                            "reward": score.value, "stop_reason": result.stop_reason, "steps": len(result.steps),
+                            "tokens": result.tokens})
+            if not args.quiet:
+                verdict = "OK" if success else "WRONG"
+                print(f"  => {result.answer!r} (expected {task.answer!r}) {verdict}, reward {score.value:.3f}, "
+                      f"{result.tokens} tokens, stop: {result.stop_reason}"
+                      + (f"\n  conclusion: {result.conclusion}" if result.conclusion else ""), file=view_out)
+
+    successes = sum(s["success"] for s in summary)
+    tokens = sum(s["tokens"] for s in summary)
+    if args.json:
+        print(json.dumps({"run_dir": str(run_dir), "episodes": summary, "successes": successes,
+                          "tokens": tokens}))
+    else:
+        per = f", {tokens / successes:.0f} tokens per success" if successes else ""
+        print(f"{successes}/{len(summary)} succeeded, {tokens} tokens{per}; records in {run_dir}/obs.sqlite")
+    return 0
