@@ -3,6 +3,7 @@
   polyrl train [RUN.yaml] [--run-dir DIR]   train; no file = the built-in quickstart
   polyrl train --resume RUN_DIR             continue a stopped run where it stopped
   polyrl score PACK.jsonl --completions C.jsonl [--json]
+  polyrl audit PACK.jsonl [--policy MODEL] [--json] | --domain NAME [--n N]   audit a task set before training
   polyrl pack NAME [-o OUT.jsonl]           write a built-in task set (humaneval, code, math) as a pack
   polyrl replay RUN_DIR [ID] [--list]       re-run a recorded code execution and compare its verdict
   polyrl agent [PACK.jsonl] [--model M | --openai-base-url URL] [--budget N]   run agent tasks, live view
@@ -55,12 +56,14 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     add_train_arguments(sub.add_parser("train", help="train with GRPO (no file: the built-in quickstart)"))
 
-    from polyrl import pack_cli, replay, score
+    from polyrl import audit_cli, pack_cli, replay, score
     from polyrl.agent import cli as agent_cli
     from polyrl.obs import report as obs_report
 
-    commands = {"score": score, "pack": pack_cli, "replay": replay, "agent": agent_cli, "obs": obs_report}
+    commands = {"score": score, "pack": pack_cli, "replay": replay, "agent": agent_cli, "obs": obs_report,
+                "audit": audit_cli}
     score.add_arguments(sub.add_parser("score", help="score completions of a task pack, no model needed"))
+    audit_cli.add_arguments(sub.add_parser("audit", help="prove a task set solvable and its reward sound"))
     pack_cli.add_arguments(sub.add_parser("pack", help="write a built-in task set as a JSONL task pack"))
     replay.add_arguments(sub.add_parser("replay", help="re-run a recorded code execution and compare its verdict"))
     agent_cli.add_arguments(sub.add_parser("agent", help="run agent tasks against a model, with a live view"))

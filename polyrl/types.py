@@ -52,4 +52,9 @@ class Completion:
     finish_reason: str
     """"stop" (EOS, stop token or stop string) or "length" (max_tokens reached)."""
     weight_version: int
-    """Version of the weights that produced every token of this completion."""
+    """Version of the weights that produced every token of this completion (the oldest one
+    if a weight update landed while the request was in flight; see engine/paged.py)."""
+    top_logprobs: list[dict[int, float]] | None = None
+    """Per position, token id -> logprob of the most likely tokens, when SamplingParams.logprobs > 0."""
+    num_cached_tokens: int = 0
+    """Prompt tokens served from a prefix cache instead of computed (0 for engines without one)."""

@@ -84,7 +84,56 @@ def test_noisy_teacher_code_slips_change_the_function():
     assert 0.2 < kinds["no_return"] / len(tasks) < 0.3
 
 
-def test_demonstrations_mix_math_and_code():
-    examples = tiny.sft_examples(TinyRecipe(code_share=0.25), 400)
-    code = sum(p.startswith("Write a Python function") for p, _ in examples)
-    assert code == 100
+def test_demonstrations_mix_the_domains_and_mask_only_the_assistant():
+    examples = tiny.sft_examples(TinyRecipe(mix=(("math", 1), ("code", 1), ("agent", 2))), 400)
+    firsts = [e[0]["content"] if e[0]["role"] == "user" else "system" for e in examples]
+    assert sum(f.startswith("Write a Python function") for f in firsts) == 100
+    assert firsts.count("system") == 200
+    agent = next(e for e in examples if e[0]["role"] == "system")
+    assert [m["role"] for m in agent[:3]] == ["system", "user", "assistant"] and agent[-1]["role"] == "assistant"
+
+
+def test_agent_teacher_slips_and_detours():
+    from polyrl.domains.agent import AgentDomain
+
+    recipe, rng = TinyRecipe(slip_rate=0.2, format_rate=0.25), random.Random(0)
+    kinds = {"clean": 0, "slip": 0, "detour": 0}
+    for t in AgentDomain(levels=(2, 3)).sample("train", 1000, seed=0):
+        demo = AgentDomain.demonstration(t)
+        noisy = tiny._agent_noise(t, demo, recipe, rng)
+        if noisy == demo:
+            kinds["clean"] += 1
+        elif len(noisy) > len(demo):
+            assert noisy[-1] == demo[-1] and noisy[-3:-1] == demo[-3:-1] == noisy[-5:-3]  # the last lookup twice
+            kinds["detour"] += 1
+        else:
+            assert noisy[-1]["content"] != demo[-1]["content"] and len(noisy) == len(demo)
+            kinds["slip"] += 1
+    assert 0.15 < kinds["slip"] / 1000 < 0.25 and 0.2 < kinds["detour"] / 1000 < 0.3
+
+
+def test_packed_rows_give_the_loss_of_one_padded_row_per_sequence():
+    import torch
+
+    from polyrl.agent.engine_model import Segment
+    from polyrl.models.attention import CausalAttention, DocumentCausalAttention
+    from tests.helpers import tiny_model
+
+    model = tiny_model(vocab_size=50, layers=2)
+    rng = random.Random(1)
+    batch = []
+    for n in (5, 9, 3, 12, 7, 4):
+        ids = [rng.randrange(50) for _ in range(n)]
+        batch.append(Segment(ids, [0] * (n // 2) + [1] * (n - n // 2), [0.0] * n))
+    ids, targets, mask, positions, documents = tiny.pack(batch, length=16)
+    assert ids.shape[0] < len(batch) and mask.sum() == sum(sum(s.loss_mask[1:]) for s in batch)
+    per_token = torch.nn.functional.cross_entropy(
+        model(ids, positions, DocumentCausalAttention(documents)).transpose(1, 2), targets, reduction="none")
+    packed = sorted((per_token * mask)[mask > 0].tolist())
+    padded = []
+    for seg in batch:
+        x = torch.tensor([seg.token_ids])
+        losses = torch.nn.functional.cross_entropy(model(x, attention=CausalAttention())[0, :-1], x[0, 1:],
+                                                   reduction="none")
+        padded += [v for v, m in zip(losses.tolist(), seg.loss_mask[1:]) if m]
+    assert packed == pytest.approx(sorted(padded), abs=1e-5)

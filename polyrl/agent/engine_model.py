@@ -146,8 +146,7 @@ class EngineChatModel:
         text = self.tokenizer.decode(ids, skip_special_tokens=False)
         # num_cached_tokens: prompt tokens a prefix-caching engine served from cache
         # (0 from the dense engine, which has no cache).
-        cached = int(getattr(completion, "num_cached_tokens", 0) or 0)
-        usage = Usage(len(prompt_ids), len(completion.token_ids), cached)
+        usage = Usage(len(prompt_ids), len(completion.token_ids), completion.num_cached_tokens)
         step = len(self.weight_versions) - 1
         return ModelReply(text, parse_calls(text, f"call_{step}"), {"role": "assistant", "content": text}, usage,
                           completion.finish_reason, self.name, duration_s)

@@ -76,10 +76,13 @@ def _task(rng: random.Random, level: int) -> tuple[str, str, list[list[Any]], st
     if level in (2, 3):
         param, ops = ("xs", LIST_OPS) if level == 2 else ("s", STR_OPS)
         expr = rng.choice(list(ops))
-        while True:  # the shown calls must tell this operation from every other one
+        while True:  # the shown calls must tell this operation from every other one, and the
+            # tests must not all expect one value (a constant return would pass them: polyrl audit)
             inputs = [_distinct_list(rng) for _ in range(6)] if level == 2 else rng.sample(_WORDS, 6)
             outputs = [ops[expr](v) for v in inputs[:3]]
-            if not any(other != expr and [op(v) for v in inputs[:3]] == outputs for other, op in ops.items()):
+            constant = len({repr(ops[expr](v)) for v in inputs}) == 1
+            if not constant and not any(other != expr and [op(v) for v in inputs[:3]] == outputs
+                                        for other, op in ops.items()):
                 return param, expr, [[v] for v in inputs], expr, ops[expr]
     a, b = rng.randint(2, 9), rng.randint(1, 9)
     shown = [0, 1, rng.randint(2, 5)]

@@ -31,6 +31,10 @@ class SamplingParams:
     """Extra stop tokens besides the tokenizer's end-of-turn tokens."""
     seed: int | None = None
     """Seed of this call's sampling; None draws from torch's global generator."""
+    logprobs: int = 0
+    """Also return the top-k logprobs of every position (Completion.top_logprobs); 0 = off."""
+    ignore_eos: bool = False
+    """Do not stop at the tokenizer's end-of-turn tokens (benchmarks: exactly max_tokens)."""
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -39,6 +43,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0 or self.max_tokens <= 0:
             raise ValueError(f"top_k must be >= 0 and max_tokens > 0, got {self.top_k}, {self.max_tokens}")
+        if self.logprobs < 0:
+            raise ValueError(f"logprobs must be >= 0 (0 = off), got {self.logprobs}")
 
 
 class Engine(Protocol):
@@ -51,6 +57,7 @@ class Engine(Protocol):
     def update_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
         """Copy `weights` (state_dict names) into the engine in place and set weight_version.
 
-        The native engines are synchronous: a generate call runs entirely on one version.
+        A generate call runs entirely on one version. What requests in flight between
+        engine steps see (paged engine, step API) is documented in engine/paged.py.
         """
         ...

@@ -5,8 +5,9 @@ copies that prompt cache to the prompt's n samples (a GRPO group computes its pr
 once), then decodes all rows in lock-step, dropping rows from the batch as they finish.
 
 Out of scope here: requests joining mid-flight (continuous batching), block sharing
-across calls (prefix caching) and preemption; the paged engine adds those behind the
-same Engine interface.
+across calls (prefix caching), preemption and top-k logprobs; the paged engine
+(paged.py, the trainer's default) adds those behind the same Engine interface. This
+one stays as the simple reference the paged engine is tested against.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 
 from polyrl.engine.base import SamplingParams
 from polyrl.engine.sampler import sample_next
+from polyrl.engine.text import hits_stop_string, visible_text
 from polyrl.models.tokenizer import Tokenizer
 from polyrl.models.transformer import Transformer
 from polyrl.types import Completion
@@ -84,7 +86,8 @@ class DenseEngine:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("empty prompt: every prompt needs at least one token")
         generator = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
-        stop_ids = torch.tensor(sorted(set(self.tokenizer.stop_token_ids()) | set(sampling.stop_token_ids)))
+        eos = set() if sampling.ignore_eos else set(self.tokenizer.stop_token_ids())
+        stop_ids = torch.tensor(sorted(eos | set(sampling.stop_token_ids)), dtype=torch.long)
 
         # Prefill each distinct prompt once, left-padded to a common length.
         P, Lp = len(prompts), max(len(p) for p in prompts)
@@ -119,7 +122,7 @@ class DenseEngine:
                 out_logprobs[r].append(lp)
                 if done[i]:
                     finish[r] = "stop"
-                elif sampling.stop and _hits_stop_string(self.tokenizer, out_tokens[r], sampling.stop):
+                elif sampling.stop and hits_stop_string(self.tokenizer, out_tokens[r], sampling.stop):
                     finish[r] = "stop"
                     done[i] = True
             keep = (~done).nonzero().squeeze(-1)
@@ -137,7 +140,7 @@ class DenseEngine:
         return [
             Completion(
                 prompt_index=r // n,
-                text=_visible_text(self.tokenizer, out_tokens[r], finish[r], stop_ids, sampling.stop),
+                text=visible_text(self.tokenizer, out_tokens[r], finish[r], stop_ids.tolist(), sampling.stop),
                 token_ids=out_tokens[r],
                 logprobs=out_logprobs[r],
                 finish_reason=finish[r],
@@ -145,18 +148,3 @@ class DenseEngine:
             )
             for r in range(B)
         ]
-
-
-def _hits_stop_string(tokenizer: Tokenizer, tokens: list[int], stop: tuple[str, ...]) -> bool:
-    text = tokenizer.decode(tokens[-32:])  # a stop string completes within the last few tokens
-    return any(s in text for s in stop)
-
-
-def _visible_text(tokenizer: Tokenizer, tokens: list[int], finish: str, stop_ids: torch.Tensor,
-                  stop: tuple[str, ...]) -> str:
-    """The completion's text without its stop token, cut at the first stop string."""
-    if finish == "stop" and tokens and tokens[-1] in stop_ids.tolist():
-        tokens = tokens[:-1]
-    text = tokenizer.decode(tokens)
-    cuts = [text.find(s) for s in stop if s in text]
-    return text[:min(cuts)] if cuts else text

@@ -5,8 +5,10 @@ the backend decides which keys each query sees. `CausalAttention` is the cache-f
 default (training, scoring, equivalence tests); KV-cache backends (dense, paged) live
 in `engine/` and implement the same protocol.
 
-Out of scope here: sliding windows, attention sinks, soft-capping, document masking
-of packed sequences (use padding plus `key_padding_mask` instead).
+`DocumentCausalAttention` serves packed rows (several sequences back to back in one
+row, each attending only to itself), with positions restarting per sequence.
+
+Out of scope here: sliding windows, attention sinks, soft-capping.
 """
 
 from __future__ import annotations
@@ -60,3 +62,22 @@ class CausalAttention:
         eye = torch.eye(T, dtype=torch.bool, device=q.device)  # (T, T)
         mask = (causal & self.key_padding_mask[:, None, None, :]) | eye  # (B, 1, T, T)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+class DocumentCausalAttention:
+    """Causal attention within documents of a packed batch.
+
+    documents: (B, T) integer document id per position (any value for padding, which
+    only has to differ from its neighbours' ids to stay out of their way). A query sees
+    the keys of its own document up to itself.
+    """
+
+    def __init__(self, documents: Tensor) -> None:
+        T = documents.shape[1]
+        causal = torch.ones(T, T, dtype=torch.bool, device=documents.device).tril()  # (T, T)
+        same = documents[:, :, None] == documents[:, None, :]  # (B, T, T)
+        self.mask = (same & causal)[:, None]  # (B, 1, T, T)
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        n_rep = q.shape[1] // k.shape[1]
+        return F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), attn_mask=self.mask)

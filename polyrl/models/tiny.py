@@ -1,16 +1,18 @@
 """The built-in tiny base model: built by polyrl itself, cached, rebuilt when its recipe changes.
 
 Recipe. A byte-level BPE tokenizer (digits kept single) is trained on rendered
-conversations of the built-in domains' TRAIN splits (math and code); then a small
-Llama-family model is trained from scratch by supervised fine-tuning on demonstrations,
-with loss on the assistant turn only. Held-out tasks are never seen.
+conversations of the built-in domains' TRAIN splits (math, code and agent episodes); then
+a small Llama-family model is trained from scratch by supervised fine-tuning on
+demonstrations packed into rows (`pack`), with loss on the assistant turns only.
+Held-out tasks are never seen.
 
 Imperfect by design, so RL has headroom: the demonstrations come from a *noisy
 teacher*. With probability `slip_rate` a demonstration is wrong by a small slip (math:
 a result off by ±1, ±2, ±10; code: a constant off by one, or a neighbouring operation
 such as max for sum), and with probability `format_rate` it has a format slip (math: no
 final `\\boxed{}`, which answer_verify then cannot find; code: the `return` left out, so
-the function returns None). The model learns
+the function returns None; agent: a wrong final answer, or a detour that repeats the last
+lookup, see `_agent_noise`). The model learns
 the teacher's habits along with the task, exactly the situation RLVR is for: the reward
 tells right from wrong where the demonstrations did not. Both rates and everything else
 that shapes the model live in `TinyRecipe`; its hash, together with the source of the
@@ -37,6 +39,8 @@ from typing import Callable
 
 import torch
 
+from polyrl.agent.engine_model import Segment, training_tokens
+from polyrl.models.attention import DocumentCausalAttention
 from polyrl.models.config import ModelConfig
 from polyrl.models.hf_io import save_pretrained
 from polyrl.models.tokenizer import IM_END, IM_START, Tokenizer, save_tokenizer, train_tiny_tokenizer
@@ -56,6 +60,9 @@ class TinyRecipe:
     steps: int = 1000
     """Optimizer steps of SFT."""
     batch_size: int = 64
+    """Demonstrations per optimizer step."""
+    pack_length: int = 512
+    """Demonstrations are packed into rows of this many tokens (no padding between them)."""
     lr: float = 3e-3
     warmup: int = 50
     slip_rate: float = 0.2
@@ -64,8 +71,9 @@ class TinyRecipe:
     """Share of demonstrations that omit the final \\boxed{} answer."""
     math_levels: tuple[int, ...] = (1, 2, 3, 4)
     code_levels: tuple[int, ...] = (1, 2, 3, 4)
-    code_share: float = 0.5
-    """Share of demonstrations from the code domain; the rest are math."""
+    agent_levels: tuple[int, ...] = (1, 2, 3, 4)
+    mix: tuple[tuple[str, float], ...] = (("math", 0.35), ("code", 0.35), ("agent", 0.3))
+    """Share of demonstrations per built-in domain."""
 
 
 def cache_dir() -> Path:
@@ -75,11 +83,12 @@ def cache_dir() -> Path:
 
 
 def recipe_hash(recipe: TinyRecipe) -> str:
-    from polyrl.domains import code as code_domain
-    from polyrl.domains import math as math_domain
+    from polyrl.agent import call_format, engine_model
+    from polyrl.domains import agent, agent_world, code, math
 
     h = hashlib.sha256(json.dumps(asdict(recipe), sort_keys=True).encode())
-    for module in (math_domain, code_domain, inspect.getmodule(TinyRecipe)):  # data generators and this recipe
+    # the data generators, the agent's text format and token layout, and this recipe
+    for module in (math, code, agent, agent_world, call_format, engine_model, inspect.getmodule(TinyRecipe)):
         h.update(inspect.getsource(module).encode())
     return h.hexdigest()[:12]
 
@@ -151,19 +160,48 @@ def _code_slip(task: Task, demo: str, rng: random.Random) -> str:
     return demo.replace(f"return {expr}", f"return {wrong}", 1)
 
 
-def sft_examples(recipe: TinyRecipe, n: int) -> list[tuple[str, str]]:
-    """(user prompt, assistant demonstration) pairs from the built-in domains' train splits,
-    shuffled together: `code_share` of them code, the rest math."""
+def _agent_noise(task: Task, messages: list[dict], recipe: TinyRecipe, rng: random.Random) -> list[dict]:
+    """The agent teacher's habits: a wrong final answer (`slip_rate`), or a detour, the
+    last lookup made twice (`format_rate`): right, but a step and its tokens dearer."""
+    u = rng.random()
+    messages = [dict(m) for m in messages]
+    if u < recipe.slip_rate:
+        answer = str(task.answer)
+        wrong = (str(int(answer) + rng.choice([-10, -1, 1, 10])) if re.fullmatch(r"-?\d+", answer)
+                 else "0" if answer == "none" else rng.choice([i for i in _items_of(task) if i != answer] or ["none"]))
+        messages[-1]["content"] = messages[-1]["content"].replace(f">{answer}<", f">{wrong}<")
+    elif u < recipe.slip_rate + recipe.format_rate and len(messages) >= 5:
+        messages[-1:-1] = [dict(m) for m in messages[-3:-1]]  # the last (call, result) pair again
+    return messages
+
+
+def _items_of(task: Task) -> list[str]:
+    return sorted(task.data.get("world", {}).get("items", {}))
+
+
+def sft_examples(recipe: TinyRecipe, n: int) -> list[list[dict]]:
+    """Demonstrations as conversations (system?, user, assistant, tool, ...) from the
+    built-in domains' train splits, mixed by `recipe.mix` and shuffled together."""
+    from polyrl.domains.agent import AgentDomain
     from polyrl.domains.code import CodeDomain
     from polyrl.domains.math import MathDomain
 
     rng = random.Random(recipe.seed)
-    n_code = round(n * recipe.code_share)
-    tasks = (MathDomain(levels=recipe.math_levels).sample("train", n - n_code, seed=recipe.seed)
-             + CodeDomain(levels=recipe.code_levels).sample("train", n_code, seed=recipe.seed))
+    domains = {"math": MathDomain(levels=recipe.math_levels), "code": CodeDomain(levels=recipe.code_levels),
+               "agent": AgentDomain(levels=recipe.agent_levels)}
+    total = sum(share for _, share in recipe.mix)
+    counts = {name: round(n * share / total) for name, share in recipe.mix}
+    tasks = [t for name, k in counts.items() for t in domains[name].sample("train", k, seed=recipe.seed)]
     rng.shuffle(tasks)
-    demonstrate = {"math": MathDomain.demonstration, "code": CodeDomain.demonstration}
-    return [(t.prompt, noisy_demonstration(t, demonstrate[t.domain](t), recipe, rng)) for t in tasks]
+    examples = []
+    for t in tasks:
+        demo = type(domains[t.domain]).demonstration(t)
+        if t.domain == "agent":
+            examples.append(_agent_noise(t, demo, recipe, rng))
+        else:
+            answer = noisy_demonstration(t, demo, recipe, rng)
+            examples.append([{"role": "user", "content": t.prompt}, {"role": "assistant", "content": answer}])
+    return examples
 
 
 # ---------------------------------------------------------------- training
@@ -173,7 +211,8 @@ def build_tiny_model(recipe: TinyRecipe, out_dir: Path, log: Callable[[str], Non
     torch.manual_seed(recipe.seed)
     examples = sft_examples(recipe, recipe.steps * recipe.batch_size)
 
-    corpus = [f"{IM_START}user\n{p}{IM_END}\n{IM_START}assistant\n{d}{IM_END}" for p, d in examples[:20000]]
+    corpus = ["".join(f"{IM_START}{m['role']}\n{m['content']}{IM_END}\n" for m in messages)
+              for messages in examples[:20000]]
     save_tokenizer(train_tiny_tokenizer(corpus, recipe.vocab_size), out_dir)
     tok = Tokenizer.from_dir(out_dir)
 
@@ -188,7 +227,9 @@ def build_tiny_model(recipe: TinyRecipe, out_dir: Path, log: Callable[[str], Non
     log(f"  tokenizer: {tok.vocab_size} tokens; model: {n_params / 1e6:.2f}M parameters; "
         f"{len(examples)} demonstrations")
 
-    encoded = [_encode_example(tok, p, d) for p, d in examples]
+    encoded = [training_tokens(tok, messages) for messages in examples]
+    longest = max(len(e.token_ids) for e in encoded)
+    assert longest <= recipe.pack_length, f"a demonstration of {longest} tokens is longer than pack_length"
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.1)
     model.train()
     from tqdm import tqdm
@@ -198,8 +239,9 @@ def build_tiny_model(recipe: TinyRecipe, out_dir: Path, log: Callable[[str], Non
         lr = recipe.lr * min(1.0, (step + 1) / recipe.warmup) * 0.5 * (1 + math.cos(math.pi * step / recipe.steps))
         for group in opt.param_groups:
             group["lr"] = lr
-        ids, targets, mask = _collate(encoded[step * recipe.batch_size:(step + 1) * recipe.batch_size])
-        logits = model(ids)
+        ids, targets, mask, positions, documents = pack(
+            encoded[step * recipe.batch_size:(step + 1) * recipe.batch_size], recipe.pack_length)
+        logits = model(ids, positions, DocumentCausalAttention(documents))
         loss = (torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none") * mask).sum() / mask.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -214,25 +256,46 @@ def build_tiny_model(recipe: TinyRecipe, out_dir: Path, log: Callable[[str], Non
     save_pretrained(model, cfg, out_dir)
     card = {"recipe": asdict(recipe), "parameters": n_params, "final_loss": round(loss.item(), 4),
             "build_seconds": round(time.time() - start, 1),
-            "trained_on": "demonstrations of the built-in math and code domains' train splits from a noisy "
-                          "teacher (see polyrl/models/tiny.py)"}
+            "trained_on": "demonstrations of the built-in math, code and agent domains' train splits from a "
+                          "noisy teacher (see polyrl/models/tiny.py)"}
     (out_dir / "polyrl_recipe.json").write_text(json.dumps(card, indent=2))
     log(f"  built in {card['build_seconds']:.0f}s, final SFT loss {card['final_loss']}")
 
 
-def _encode_example(tok: Tokenizer, prompt: str, demo: str) -> tuple[list[int], int]:
-    """Token ids of the whole conversation and where the assistant's answer starts."""
-    head = tok.encode(tok.chat_prompt(prompt))
-    return head + tok.encode(demo) + [tok.eos_token_id], len(head)
+def pack(batch: list[Segment], length: int) -> tuple[torch.Tensor, ...]:
+    """The batch's sequences packed into rows of `length` tokens (first fit, longest first).
 
-
-def _collate(batch: list[tuple[list[int], int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    T = max(len(ids) for ids, _ in batch)
-    ids = torch.zeros(len(batch), T, dtype=torch.long)
-    targets = torch.zeros(len(batch), T, dtype=torch.long)
-    mask = torch.zeros(len(batch), T)
-    for b, (seq, start) in enumerate(batch):
-        ids[b, :len(seq)] = torch.tensor(seq)
-        targets[b, :len(seq) - 1] = torch.tensor(seq[1:])
-        mask[b, start - 1:len(seq) - 1] = 1.0  # predict the answer tokens and the closing EOS
-    return ids, targets, mask
+    Returns ids, next-token targets and the loss mask (R, L), each sequence's positions
+    restarting at 0, and the document id of every position for DocumentCausalAttention
+    (-1 - row on padding). Token t of a sequence, masked in when the sequence generates
+    it, is predicted at position t - 1 of the same sequence; no target crosses sequences.
+    The same loss as one padded row per sequence, at a fraction of the padding.
+    """
+    rows: list[list[Segment]] = []
+    room: list[int] = []
+    for seg in sorted(batch, key=lambda s: -len(s.token_ids)):
+        n = len(seg.token_ids)
+        assert n <= length, f"a sequence of {n} tokens does not fit rows of {length}"
+        k = next((r for r, free in enumerate(room) if free >= n), None)
+        if k is None:
+            rows.append([])
+            room.append(length)
+            k = len(rows) - 1
+        rows[k].append(seg)
+        room[k] -= n
+    L = length - min(room)  # no column that every row pads
+    ids, targets = torch.zeros(len(rows), L, dtype=torch.long), torch.zeros(len(rows), L, dtype=torch.long)
+    mask, positions = torch.zeros(len(rows), L), torch.zeros(len(rows), L, dtype=torch.long)
+    documents = torch.full((len(rows), L), -1, dtype=torch.long) - torch.arange(len(rows))[:, None]
+    doc = 0
+    for r, row in enumerate(rows):
+        at = 0
+        for seg in row:
+            n = len(seg.token_ids)
+            ids[r, at:at + n] = torch.tensor(seg.token_ids)
+            targets[r, at:at + n - 1] = torch.tensor(seg.token_ids[1:])
+            mask[r, at:at + n - 1] = torch.tensor(seg.loss_mask[1:], dtype=torch.float32)
+            positions[r, at:at + n] = torch.arange(n)
+            documents[r, at:at + n] = doc
+            at, doc = at + n, doc + 1
+    return ids, targets, mask, positions, documents

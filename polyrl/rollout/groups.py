@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 from polyrl.engine.base import Engine, SamplingParams
 from polyrl.models.tokenizer import Tokenizer
@@ -22,6 +23,8 @@ class Group:
     prompt_ids: list[int]
     completions: list[Completion]
     scores: list[Score] = field(default_factory=list)
+    episodes: list[Any] | None = None
+    """Agent groups (dispatch.py): sample j's Episode, whose segments are its training rows."""
 
     @property
     def rewards(self) -> list[float]:
@@ -36,6 +39,8 @@ def sample_groups(engine: Engine, tokenizer: Tokenizer, tasks: list[Task], group
                   sampling_for: dict[str, SamplingParams]) -> list[Group]:
     """Generate `group_size` completions for every task; `sampling_for` maps domain -> params
     (domains may differ in max_tokens). One engine call per distinct sampling setting."""
+    if not tasks:
+        return []
     prompt_ids = render_prompts(tokenizer, tasks)
     groups: list[Group | None] = [None] * len(tasks)
     by_params: dict[SamplingParams, list[int]] = defaultdict(list)

@@ -1,8 +1,9 @@
 """Groups -> padded training tensors: the only place that knows how a sample is laid out.
 
-Each sample is prompt ids followed by completion ids, right-padded. Position t of
-`targets` holds token t+1, so the model's logits at t score it; `mask` is 1 exactly on
-the completion's tokens (prompt, padding and masked samples are 0).
+Each row is a sample's token ids, right-padded: prompt then completion for single-turn
+samples, each segment of an episode for agent samples. Position t of `targets` holds
+token t+1, so the model's logits at t score it; `mask` is 1 exactly on the tokens the
+policy generated (prompt, tool results, padding and masked samples are 0).
 """
 
 from __future__ import annotations
@@ -32,11 +33,25 @@ class TrainBatch:
                           self.advantages[rows], self.kl_coef[rows], [self.domains[i] for i in rows.tolist()])
 
 
+def training_rows(g: Group, j: int) -> list[tuple[list[int], list[int], list[float]]]:
+    """Sample j of group g as (token ids, loss mask, logprobs) rows, aligned per token.
+
+    A single-turn sample is one row, prompt then completion (mask 1 on the completion);
+    an agent episode is one row per segment, as its rollout recorded it (mask 1 on what
+    the policy generated; prompts and tool results 0)."""
+    if g.episodes is not None:
+        return [(seg.token_ids, seg.loss_mask, seg.logprobs) for seg in g.episodes[j].segments]
+    c, P = g.completions[j], len(g.prompt_ids)
+    return [(g.prompt_ids + c.token_ids, [0] * P + [1] * len(c.token_ids), [0.0] * P + list(c.logprobs))]
+
+
 def build_batch(groups: list[Group], advantages: list[list[float]], sample_weight: list[list[float]],
                 kl_coef: dict[str, float]) -> TrainBatch:
-    """One row per completion of every group given; advantages/sample_weight are per group, per sample."""
-    rows = [(g, j) for g in groups for j in range(len(g.completions))]
-    T = max(len(g.prompt_ids) + len(g.completions[j].token_ids) for g, j in rows)
+    """One row per training row of every sample of every group given (training_rows);
+    advantages/sample_weight are per group, per sample, and apply to all of a sample's rows."""
+    rows = [(g, a, w, row) for g, g_adv, g_w in zip(groups, advantages, sample_weight)
+            for j, (a, w) in enumerate(zip(g_adv, g_w)) for row in training_rows(g, j)]
+    T = max(len(ids) for *_, (ids, _, _) in rows)
     B = len(rows)
     input_ids = torch.zeros(B, T, dtype=torch.long)
     targets = torch.zeros(B, T, dtype=torch.long)
@@ -45,18 +60,14 @@ def build_batch(groups: list[Group], advantages: list[list[float]], sample_weigh
     adv = torch.zeros(B)
     coef = torch.zeros(B)
     domains = []
-    flat_adv = [a for per_group in advantages for a in per_group]
-    flat_w = [w for per_group in sample_weight for w in per_group]
-    for b, (g, j) in enumerate(rows):
-        c = g.completions[j]
-        P, C = len(g.prompt_ids), len(c.token_ids)
-        seq = torch.tensor(g.prompt_ids + c.token_ids)
-        input_ids[b, :P + C] = seq
-        targets[b, :P + C - 1] = seq[1:]
-        # Completion token k sits at position P + k and is predicted from position P + k - 1.
-        mask[b, P - 1:P + C - 1] = flat_w[b]
-        old_logp[b, P - 1:P + C - 1] = torch.tensor(c.logprobs)
-        adv[b] = flat_adv[b]
+    for b, (g, a, w, (ids, loss_mask, logps)) in enumerate(rows):
+        n = len(ids)
+        input_ids[b, :n] = torch.tensor(ids)
+        targets[b, :n - 1] = torch.tensor(ids[1:])
+        # Token t is predicted from position t - 1.
+        mask[b, :n - 1] = torch.tensor(loss_mask[1:], dtype=torch.float32) * w
+        old_logp[b, :n - 1] = torch.tensor(logps[1:])
+        adv[b] = a
         coef[b] = kl_coef[g.task.domain]
         domains.append(g.task.domain)
     return TrainBatch(input_ids, targets, mask, old_logp, adv, coef, domains)

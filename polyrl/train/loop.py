@@ -16,13 +16,17 @@ from typing import Callable
 import torch
 
 from polyrl.config import RunConfig
-from polyrl.engine.dense import DenseEngine
+from polyrl.engine.factory import build_engine
+from polyrl.engine.stats import counter_delta, engine_counters
 from polyrl.models.hf_io import save_pretrained
 from polyrl.rl.advantages import group_advantages, zero_variance_groups
 from polyrl.rl.curriculum import allocate
 from polyrl.rl.loss import clipped_tokens, kl_k3, kl_penalty, masked_mean, policy_loss
 from polyrl.rl.overlong import overlong_mask, overlong_rewards
-from polyrl.rollout.groups import Group, sample_groups, score_groups
+from polyrl.obs.store import ObsStore
+from polyrl.quality.quarantine import RewardMonitor
+from polyrl.rollout.dispatch import record_episodes, rollout_groups
+from polyrl.rollout.groups import Group, score_groups
 from polyrl.sandbox.execution_log import ExecutionLog
 from polyrl.train.batch import build_batch, token_entropy, token_logprobs
 from polyrl.train.display import Display
@@ -51,8 +55,10 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, log: Callab
     torch.manual_seed(cfg.seed)
     model_dir = resolve_model_dir(cfg.model.path, log=log)
     policy, tokenizer = load_policy(model_dir, cfg.model.dtype)
-    engine = DenseEngine(copy.deepcopy(policy), tokenizer)
+    engine = build_engine(cfg.engine, copy.deepcopy(policy), tokenizer, model_dir)
     doms = build_domains(cfg, ExecutionLog(rd.executions))
+    obs = ObsStore.in_run_dir(rd.path) if doms.agents.toolbox_for else None  # agent calls, tools, verdicts
+    doms.agents.recorder, doms.agents.context_window = obs, policy.cfg.max_position_embeddings
     uses_kl = any(c > 0 for c in doms.kl_coef.values())
     ref = copy.deepcopy(policy).eval().requires_grad_(False) if uses_kl else None
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.trainer.lr, betas=(0.9, 0.99),
@@ -62,7 +68,7 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, log: Callab
     def run_eval(step: int) -> dict:
         return evaluate(engine, tokenizer, heldout, doms.verifiers, doms.verifier_of,
                         {d: replace(p, seed=step_seed(cfg.seed, step, "eval")) for d, p in doms.eval_sampling.items()},
-                        cfg.eval.samples, cfg.eval.greedy)
+                        cfg.eval.samples, cfg.eval.greedy, doms.agents, f"eval{step}")
 
     state = rd.load_state() if resume else None
     if state is None:
@@ -80,20 +86,24 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, log: Callab
         log(f"resuming {rd.path} at step {start_step}")
 
     display = Display(cfg.trainer.steps, start_step, before, log)
+    monitor = RewardMonitor()  # suspicious reward patterns -> RUN_DIR/flags.jsonl (polyrl/quality/quarantine.py)
     steps_done = start_step
     for step in range(start_step, cfg.trainer.steps):
         if cfg.trainer.max_minutes and clock >= cfg.trainer.max_minutes * 60:
             log(f"stopping at step {step}: trainer.max_minutes={cfg.trainer.max_minutes} reached")
             break
         t0 = time.perf_counter()
+        counters0 = engine_counters(engine)
         # 1. rollout: this step's prompts, G samples each
         counts = allocate(cfg.trainer.prompts_per_step, doms.weights)
         tasks = [t for d, k in counts.items() for t in doms.domains[d].sample("train", k, step_seed(cfg.seed, step, d))]
         sampling = {d: replace(p, seed=step_seed(cfg.seed, step, "rollout")) for d, p in doms.sampling.items()}
-        groups = sample_groups(engine, tokenizer, tasks, cfg.trainer.group_size, sampling)
+        groups = rollout_groups(engine, tokenizer, tasks, cfg.trainer.group_size, sampling, doms.agents, f"s{step}")
         t1 = time.perf_counter()
+        rollout_counters = counter_delta(counters0, engine_counters(engine))
         # 2. reward
         score_groups(groups, doms.verifiers, doms.verifier_of)
+        record_episodes(groups, obs)
         t2 = time.perf_counter()
         # 3. advantage, with zero-variance groups dropped (they carry no signal)
         rewards = torch.tensor([overlong_rewards(g.rewards, [c.finish_reason for c in g.completions],
@@ -112,11 +122,13 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, log: Callab
         t3 = time.perf_counter()
         clock += t3 - t0
 
-        record = step_metrics(step, groups, flat, stats, {"rollout": t1 - t0, "reward": t2 - t1, "update": t3 - t2})
+        record = step_metrics(step, groups, flat, stats, {"rollout": t1 - t0, "reward": t2 - t1, "update": t3 - t2},
+                              rollout_counters)
         if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < cfg.trainer.steps:
             record["eval"] = run_eval(step + 1)
         rd.append(rd.metrics, [record])
         rd.append(rd.trajectories, trajectory_records(step, groups))
+        rd.append(rd.flags, monitor.step(step, groups, record, doms.verifier_of))
         if (step + 1) % cfg.trainer.checkpoint_every == 0:
             save_checkpoint(rd, policy, model_dir, f"step-{step + 1:06d}")
         rd.save_state({"step": step + 1, "clock": clock, "policy": policy.state_dict(),
@@ -126,6 +138,8 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, log: Callab
         if stop_after is not None and steps_done - start_step >= stop_after:
             display.close()
             doms.close()
+            if obs:
+                obs.close()
             return TrainResult(rd.path, steps_done, before, None, clock)
     display.close()
 
@@ -133,6 +147,8 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, log: Callab
     rd.write_json(rd.eval_file("after"), after)
     save_checkpoint(rd, policy, model_dir, "final")
     doms.close()
+    if obs:
+        obs.close()
     display.summary(before, after, rd.path, clock)
     return TrainResult(rd.path, steps_done, before, after, clock)
 
@@ -183,13 +199,18 @@ def update(policy, ref, optimizer, batch, cfg: RunConfig, step: int) -> dict:
     return out
 
 
-def step_metrics(step: int, groups: list[Group], flat: torch.Tensor, stats: dict, times: dict) -> dict:
-    """The metrics.jsonl line of one step: global timings plus a block per domain."""
+def step_metrics(step: int, groups: list[Group], flat: torch.Tensor, stats: dict, times: dict,
+                 engine: dict | None = None) -> dict:
+    """The metrics.jsonl line of one step: global timings, the engine's counters for the
+    rollout (prefill computed vs cached, prefix hit rate, decode tokens, batch occupancy,
+    preemptions; engine/stats.py) when it keeps them, plus a block per domain."""
     tokens = sum(len(c.token_ids) for g in groups for c in g.completions)
     record = {"step": step, "time": {k: round(v, 4) for k, v in times.items()},
               "tokens_per_s": round(tokens / max(times["rollout"], 1e-9), 1),
               "step_time": round(sum(times.values()), 4),
               "loss": stats.get("loss"), "grad_norm": stats.get("grad_norm"), "domains": {}}
+    if engine:
+        record["engine"] = engine
     for d in sorted({g.task.domain for g in groups}):
         idx = [i for i, g in enumerate(groups) if g.task.domain == d]
         samples = [(s, c) for i in idx for s, c in zip(groups[i].scores, groups[i].completions)]
@@ -206,11 +227,13 @@ def step_metrics(step: int, groups: list[Group], flat: torch.Tensor, stats: dict
 
 
 def trajectory_records(step: int, groups: list[Group]) -> list[dict]:
+    """One line per sample; an agent sample also carries its whole episode (calls, tool results)."""
     return [
         {"step": step, "task_id": g.task.id, "domain": g.task.domain, "group": gi, "sample": j,
          "prompt": g.task.prompt, "prompt_ids": g.prompt_ids, "completion": c.text, "token_ids": c.token_ids,
          "logprobs": [round(x, 5) for x in c.logprobs], "finish_reason": c.finish_reason,
-         "reward": s.value, "details": s.details, "weight_version": c.weight_version, "answer": g.task.answer}
+         "reward": s.value, "details": s.details, "weight_version": c.weight_version, "answer": g.task.answer,
+         **({"episode": g.episodes[j].result.to_json()} if g.episodes else {})}
         for gi, g in enumerate(groups) for j, (c, s) in enumerate(zip(g.completions, g.scores))
     ]
 

@@ -7,6 +7,9 @@
                            with its details, weight version (enough to re-score it)
       executions.jsonl     every code execution, replayable (`polyrl replay RUN_DIR ID`);
                            blobs/ holds the program text they share
+      flags.jsonl          suspicious reward patterns (polyrl/quality/quarantine.py); a
+                           quarantine list that rl_tasks[].quarantine can name
+      obs.sqlite           agent model calls, tool calls, budget events (`polyrl obs RUN_DIR`)
       eval/before.json     held-out evaluation of the base model
       eval/after.json      ... and of the trained one
       state/state.pt       latest training state: policy, optimizer, step, curriculum, clock
@@ -45,6 +48,10 @@ class RunDir:
     @property
     def trajectories(self) -> Path:
         return self.path / "trajectories.jsonl"
+
+    @property
+    def flags(self) -> Path:
+        return self.path / "flags.jsonl"
 
     @property
     def executions(self) -> Path:
@@ -90,8 +97,8 @@ class RunDir:
         return torch.load(self.state, weights_only=False) if self.state.exists() else None
 
     def truncate_after(self, step: int) -> None:
-        """Drop metric and trajectory lines of steps >= step (a step that did not finish)."""
-        for file in (self.metrics, self.trajectories):
+        """Drop metric, trajectory and flag lines of steps >= step (a step that did not finish)."""
+        for file in (self.metrics, self.trajectories, self.flags):
             if not file.exists():
                 continue
             kept = [line for line in file.read_text().splitlines()

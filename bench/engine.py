@@ -1,0 +1,158 @@
+"""Rollout engine throughput: polyrl's paged engine vs Hugging Face generate vs vLLM CPU.
+
+    python bench/engine.py [--repeats 3] [--threads 2] [--models tiny,90m] [--skip-trl]
+
+In one run, interleaved repeat by repeat so that load from other jobs hits every engine
+alike (the load average is printed with each repeat):
+
+1. decode throughput, tokens/s, at batch 1, 16 and 64: 16-token random prompts, 64
+   sampled tokens (temperature 1, no top-k/top-p, end-of-sequence ignored, so every
+   engine produces exactly B x 64 tokens), on
+   - "tiny": the built-in tiny model's shape (TinyRecipe) with random weights (the
+     timing does not depend on the weights; --builtin uses ensure_tiny_model()),
+   - "90m": a random-weight Llama of ~88M parameters (768 wide, 12 layers, GQA 12/4,
+     vocab 16384, tied embeddings);
+   engines: polyrl paged (the default), polyrl dense (the reference engine), HF
+   `generate` (same process, same weights), vLLM CPU (a persistent subprocess running
+   this file under .venv-vllm, when that environment exists). Medians over repeats,
+   and ratios polyrl / peer;
+2. a GRPO-shaped workload (16 prompts x G=8 samples, 96-token prompts, 32 tokens):
+   prefill tokens computed with and without the prefix cache, and the time;
+3. the machine's bound: measured matmul FLOP/s and memory bandwidth, turned into a
+   tokens/s ceiling per model and batch size (each decode step must read all weights
+   and the batch's KV, and do 2 x matmul-params x B FLOPs), and each engine's share;
+4. one RL step end to end (16 prompts x 8 samples x 32 tokens, rollout + reward +
+   advantage + loss + AdamW step) vs TRL's GRPOTrainer on the same model, prompts and
+   reward (a subprocess under .venv-vllm, when TRL is installed there).
+
+Not covered: GPUs, long contexts, accuracy (tests pin equivalence), and a quiet machine:
+on shared cores compare the ratios, not the absolute figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
+MODELS = {
+    "tiny": None,  # TinyRecipe's shape, filled in at run time
+    "90m": dict(vocab_size=16384, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+                num_attention_heads=12, num_key_value_heads=4),
+}
+PROMPT_LEN, NEW_TOKENS, BATCHES = 16, 64, (1, 16, 64)
+
+
+# ---------------------------------------------------------------------------- workers (.venv-vllm)
+
+
+def vllm_worker(model_dir: str, threads: int) -> None:
+    """Serve timing requests over stdin/stdout: one JSON line in ({prompts, n, max_tokens}),
+    one out ({seconds, tokens})."""
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=model_dir, dtype="float32", skip_tokenizer_init=True, gpu_memory_utilization=0.05,
+              max_num_seqs=256, seed=0, max_model_len=512, enable_prefix_caching=True)
+    print("READY", flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        sp = SamplingParams(n=req["n"], temperature=1.0, top_p=1.0, top_k=0, max_tokens=req["max_tokens"],
+                            ignore_eos=True, detokenize=False)
+        t = time.perf_counter()
+        out = llm.generate([{"prompt_token_ids": p} for p in req["prompts"]], sp, use_tqdm=False)
+        dt = time.perf_counter() - t
+        print(json.dumps({"seconds": dt, "tokens": sum(len(c.token_ids) for o in out for c in o.outputs)}), flush=True)
+
+
+def trl_worker(model_dir: str, prompts_file: str, steps: int) -> None:
+    """Time GRPOTrainer steps on the given prompts; prints {"step_seconds": [...]}."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    prompts = json.loads(Path(prompts_file).read_text())
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+
+    def parity(completions, **_):
+        return [float(len(c) % 2 == 0) for c in completions]
+
+    stamps = []
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            stamps.append(["begin", time.perf_counter()])
+
+        def on_step_end(self, args, state, control, **kw):
+            stamps.append(["end", time.perf_counter()])
+
+    cfg = GRPOConfig(output_dir="/tmp/polyrl-bench-trl", per_device_train_batch_size=len(prompts) * 8,
+                     num_generations=8, max_completion_length=32, max_steps=steps, learning_rate=1e-4,
+                     temperature=1.0, top_k=0, beta=0.0, logging_steps=1, save_strategy="no", report_to=[],
+                     use_cpu=True, bf16=False, dataloader_num_workers=0, seed=0, disable_tqdm=True)
+    data = Dataset.from_dict({"prompt": prompts * steps})
+    trainer = GRPOTrainer(model=model, reward_funcs=parity, args=cfg, train_dataset=data, processing_class=tok,
+                          callbacks=[Clock()])
+    trainer.train()
+    begins = [t for k, t in stamps if k == "begin"]
+    ends = [t for k, t in stamps if k == "end"]
+    print("RESULT " + json.dumps({"step_seconds": [e - b for b, e in zip(begins, ends)]}), flush=True)
+
+
+# ---------------------------------------------------------------------------- polyrl side
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads of every engine (vLLM: cores bound)")
+    ap.add_argument("--models", default="tiny,90m")
+    ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    ap.add_argument("--builtin", action="store_true", help="time the built-in tiny model's real weights")
+    ap.add_argument("--skip-vllm", action="store_true")
+    ap.add_argument("--skip-trl", action="store_true")
+    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--workdir", default="/tmp/polyrl-bench")
+    ap.add_argument("--worker", choices=["vllm", "trl"], help=argparse.SUPPRESS)
+    ap.add_argument("--model-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--prompts-file", help=argparse.SUPPRESS)
+    ap.add_argument("--steps", type=int, default=4, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker == "vllm":
+        return vllm_worker(args.model_dir, args.threads)
+    if args.worker == "trl":
+        return trl_worker(args.model_dir, args.prompts_file, args.steps)
+
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # busy-waiting threads collapse on shared cores
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from bench.engine_parts import (grpo_workload, machine_bound, make_model_dir, median_table, rl_step_vs_trl,
+                                    throughput)
+
+    print(f"polyrl engine benchmark: threads={args.threads} repeats={args.repeats} torch={torch.__version__} "
+          f"load={os.getloadavg()}")
+    bound = machine_bound()
+    print(f"machine: matmul {bound['flops'] / 1e9:.1f} GFLOP/s, memory bandwidth {bound['bw'] / 1e9:.1f} GB/s "
+          f"(threads={args.threads})")
+    batches = [int(b) for b in args.batches.split(",")]
+    for name in args.models.split(","):
+        model_dir = make_model_dir(name, Path(args.workdir), args.builtin)
+        runs = throughput(name, model_dir, batches, args, VLLM_PY if VLLM_PY.exists() else None)
+        median_table(name, model_dir, runs, batches, bound)
+    grpo_workload(Path(args.workdir))
+    if not args.skip_trl:
+        rl_step_vs_trl(Path(args.workdir), VLLM_PY if VLLM_PY.exists() else None, args)
+
+
+if __name__ == "__main__":
+    main()

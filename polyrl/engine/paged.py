@@ -1,0 +1,161 @@
+"""The paged engine: paged KV cache, prefix caching, continuous batching, on the trainer's model.
+
+An engine step is four calls: schedule (scheduler.py: who runs, how many tokens) ->
+run (runner/: one forward pass over the packed tokens, attention over block tables,
+per-row sampling) -> postprocess (append tokens, finish sequences, free blocks) ->
+collect the finished. `generate` adds a batch of requests and steps until they are
+done; `add_request` / `step` serve callers that want requests to join and leave
+between steps (an asynchronous rollout pipeline, a server).
+
+Weight updates (`update_weights`) copy new tensors into the model in place and set
+`weight_version`. A `generate` call runs entirely on one version. Requests in flight
+through the step API when an update lands see, by `in_flight`:
+
+- "keep" (default): they keep their KV (computed under the older weights) and sample
+  their next tokens from the new ones; each token's logprob is the one it was sampled
+  with, and Completion.weight_version is the version that sampled the first token
+  (the oldest), so the trainer never underestimates staleness;
+- "recompute": every running request is preempted and its KV is recomputed under the
+  new weights at its next step (its sampled tokens stay).
+
+Either way the prefix cache starts a new epoch: no block computed under old weights is
+shared with a request admitted after the update.
+
+Sampling is seeded per sequence (sample j of prompt i of a call with seed s uses the
+stream of `request_seed(s, i * n + j)`), so a seeded call returns the same tokens
+whatever else is in the batch, whether its prompt came from the cache, and across
+preemption.
+
+Out of scope: speculative decoding, KV quantization, multi-device execution (the
+vLLM backend serves GPUs), streaming partial outputs.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Literal, Mapping, Sequence as Seq
+
+import torch
+
+from polyrl.engine.base import SamplingParams
+from polyrl.engine.block_manager import BlockManager
+from polyrl.engine.config import PagedConfig
+from polyrl.engine.runner.model_runner import ModelRunner
+from polyrl.engine.sampler import request_seed
+from polyrl.engine.scheduler import Scheduler
+from polyrl.engine.sequence import Sequence
+from polyrl.engine.stats import EngineCounters
+from polyrl.engine.text import hits_stop_string, visible_text
+from polyrl.models.tokenizer import Tokenizer
+from polyrl.models.transformer import Transformer
+from polyrl.types import Completion
+
+
+class PagedEngine:
+    """Engine over an in-process Transformer it owns (new weights come through update_weights)."""
+
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, config: PagedConfig | None = None,
+                 weight_version: int = 0) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.config = config or PagedConfig()
+        self.weight_version = weight_version
+        cfg = model.cfg
+        dtype_bytes = next(model.parameters()).element_size()
+        per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * dtype_bytes
+        self.num_blocks = self.config.blocks_for(per_token)
+        self.counters = EngineCounters()
+        self.block_manager = BlockManager(self.num_blocks, self.config.block_size, self.config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs, self.config.max_num_batched_tokens,
+                                   self.counters, stop_text=self._hits_stop_string)
+        self.runner = ModelRunner(model, self.num_blocks, self.config.block_size, self.config.contiguous_decode)
+        self._eos = frozenset(tokenizer.stop_token_ids())
+        self._ids = itertools.count()
+
+    # ---- the step API ------------------------------------------------------------------------
+
+    def add_request(self, prompt_ids: Seq[int], sampling: SamplingParams, seed: int | None = None,
+                    prompt_index: int = 0) -> int:
+        """Queue one sequence; returns its id (step() reports it back with its Completion)."""
+        if len(prompt_ids) == 0:
+            raise ValueError("empty prompt: every prompt needs at least one token")
+        capacity = self.num_blocks * self.config.block_size
+        if len(prompt_ids) + 1 > capacity:
+            raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit the KV pool of {capacity} tokens; "
+                             "raise engine.native.kv_cache_mb or num_blocks")
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,)))
+        stop = frozenset(sampling.stop_token_ids) | (frozenset() if sampling.ignore_eos else self._eos)
+        seq = Sequence(next(self._ids), list(prompt_ids), len(prompt_ids), sampling, seed, stop, prompt_index)
+        self.scheduler.add(seq)
+        self.counters.requests += 1
+        return seq.seq_id
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[tuple[int, Completion]]:
+        """schedule -> run -> postprocess -> collect finished: (request id, Completion) pairs."""
+        batch = self.scheduler.schedule()
+        if batch.seqs:
+            self.runner.pool.zero_up_to(self.block_manager.high_water)
+            out = self.runner.run(batch)
+            self.scheduler.postprocess(batch, out.tokens, out.logprobs, out.top_logprobs, self.weight_version)
+        return [(seq.seq_id, self._completion(seq)) for seq in self.scheduler.pop_finished()]
+
+    # ---- the Engine interface ----------------------------------------------------------------
+
+    def generate(self, prompts: Seq[Seq[int]], n: int, sampling: SamplingParams) -> list[Completion]:
+        """n completions per prompt, grouped: result[i*n + j] is sample j of prompt i."""
+        assert n >= 1 and len(prompts) > 0
+        base = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,)))
+        order = {}
+        for i, prompt in enumerate(prompts):
+            for j in range(n):
+                rid = self.add_request(prompt, sampling, seed=request_seed(base, i * n + j), prompt_index=i)
+                order[rid] = i * n + j
+        results: list[Completion | None] = [None] * len(order)
+        remaining = len(order)
+        while remaining:
+            for rid, completion in self.step():
+                if rid in order:
+                    results[order[rid]] = completion
+                    remaining -= 1
+            assert remaining == 0 or self.has_unfinished(), "engine stalled with requests outstanding"
+        return results  # type: ignore[return-value]
+
+    @torch.no_grad()
+    def update_weights(self, weights: Mapping[str, torch.Tensor], version: int,
+                       in_flight: Literal["keep", "recompute"] = "keep") -> None:
+        """Copy `weights` (state_dict names) into the model in place; see the module
+        docstring for what requests in flight see."""
+        if in_flight not in ("keep", "recompute"):
+            raise ValueError(f"in_flight: got {in_flight!r}; must be 'keep' or 'recompute'")
+        own = self.model.state_dict()
+        missing = set(own) - set(weights)
+        if missing:
+            raise KeyError(f"update_weights: missing {sorted(missing)[:5]}")
+        for name, tensor in own.items():
+            tensor.copy_(weights[name])
+        self.weight_version = version
+        if in_flight == "recompute":
+            self.scheduler.preempt_all()
+        self.block_manager.reset_cache()
+
+    # ---- helpers -----------------------------------------------------------------------------
+
+    def _hits_stop_string(self, seq: Sequence) -> bool:
+        return hits_stop_string(self.tokenizer, seq.completion_token_ids, seq.params.stop)
+
+    def _completion(self, seq: Sequence) -> Completion:
+        tokens = seq.completion_token_ids
+        return Completion(
+            prompt_index=seq.prompt_index,
+            text=visible_text(self.tokenizer, tokens, seq.finish_reason or "length", seq.stop_ids, seq.params.stop),
+            token_ids=tokens,
+            logprobs=seq.logprobs,
+            finish_reason=seq.finish_reason or "length",
+            weight_version=seq.weight_version if seq.weight_version is not None else self.weight_version,
+            top_logprobs=seq.top_logprobs,
+            num_cached_tokens=seq.prompt_cached_tokens,
+        )

@@ -1,0 +1,1 @@
+"""Model execution for the paged engine: the KV pool, paged attention, the step runner."""

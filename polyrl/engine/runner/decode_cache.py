@@ -1,0 +1,116 @@
+"""A contiguous copy of the decoding sequences' K/V, so decode attention needs no gather.
+
+Gathering every decoding sequence's blocks into contiguous keys, in every layer of
+every step, moves the whole context through memory once per token: on CPU that cost
+as much as the attention itself. This cache keeps one row per decoding sequence,
+(layers, rows, n_kv, L, hd), filled from the pool once when the sequence starts
+decoding (layer by layer, after the step's own writes to the pool); each step then
+writes the new token's K/V to both the pool (the source of truth: prefix cache,
+preemption) and the row, and attention reads the rows in place.
+
+A row belongs to one admission of one sequence; a sequence that is not decoding in a
+step (finished, preempted, or left out by the token budget) loses its row and is
+refilled from the pool if it decodes again. Rows are reused lowest first and
+compacted when more than half are holes.
+
+Out of scope: bounding its memory other than by max_num_seqs (turn it off with
+PagedConfig.contiguous_decode), prefill chunks (they gather from the pool).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from polyrl.engine.runner.paged_attention import KVPool
+from polyrl.engine.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class PendingFill:
+    """Rows newly given to sequences, to fill from the pool: rows (F,), their block
+    tables flattened (F * nb,), span = nb * block_size, length = positions copied."""
+
+    rows: Tensor
+    tables: Tensor
+    span: int
+    length: int
+
+
+class DecodeCache:
+    def __init__(self, pool: KVPool) -> None:
+        self.pool = pool
+        layers, _, _, n_kv, hd = pool.k.shape
+        self.k = pool.k.new_zeros(layers, 0, n_kv, 0, hd)  # (layers, rows, n_kv, L, hd)
+        self.v = pool.v.new_zeros(layers, 0, n_kv, 0, hd)
+        self.owner: list[tuple[int, int] | None] = []  # (seq_id, admission) of each row
+        self.row_of: dict[tuple[int, int], int] = {}
+
+    def rows_for(self, seqs: list[Sequence]) -> tuple[Tensor, int, PendingFill | None]:
+        """Rows (S,) holding the context of each decoding sequence, the number of rows in
+        use R (attention runs over rows [0, R)), and the rows still to fill from the pool.
+
+        The fill is left to the attention backend, layer by layer, after it has written
+        the step's new K/V to the pool: a sequence whose prompt shares blocks that another
+        sequence computes in this same step finds them filled only then."""
+        keys = [(s.seq_id, s.admissions) for s in seqs]
+        live = set(keys)
+        for r, key in enumerate(self.owner):  # drop rows of sequences not decoding now
+            if key is not None and key not in live:
+                self.owner[r] = None
+                del self.row_of[key]
+        while self.owner and self.owner[-1] is None:
+            self.owner.pop()
+        if len(self.owner) > 8 and len(self.row_of) * 2 < len(self.owner):
+            self._compact()
+        need = max(s.num_computed_tokens + 1 for s in seqs)
+        self._ensure(len(self.owner) + sum(k not in self.row_of for k in keys), need)
+        fresh = [(s, k) for s, k in zip(seqs, keys) if k not in self.row_of]
+        pending = self._assign(fresh) if fresh else None
+        return torch.tensor([self.row_of[k] for k in keys], dtype=torch.long), len(self.owner), pending
+
+    def _assign(self, fresh: list[tuple[Sequence, tuple[int, int]]]) -> PendingFill:
+        bs = self.pool.block_size
+        rows = []
+        for _, key in fresh:
+            free = next((r for r, o in enumerate(self.owner) if o is None), None)
+            if free is None:
+                free = len(self.owner)
+                self.owner.append(None)
+            self.owner[free] = key
+            self.row_of[key] = free
+            rows.append(free)
+        nb = max(len(s.block_table) for s, _ in fresh)
+        tables = torch.tensor([s.block_table + [s.block_table[-1]] * (nb - len(s.block_table)) for s, _ in fresh])
+        return PendingFill(torch.tensor(rows, dtype=torch.long), tables.view(-1), nb * bs,
+                           min(nb * bs, self.k.shape[3]))
+
+    def fill_layer(self, layer: int, fill: PendingFill) -> None:
+        """Copy layer `layer` of the fresh rows' context from the pool into their rows."""
+        for src, dst in ((self.pool.k[layer], self.k[layer]), (self.pool.v[layer], self.v[layer])):
+            _, _, n_kv, hd = src.shape
+            g = src.index_select(0, fill.tables).view(len(fill.rows), fill.span, n_kv, hd)[:, :fill.length]
+            dst[:, :, :fill.length].index_copy_(0, fill.rows, g.transpose(1, 2))
+
+    def _ensure(self, rows: int, length: int) -> None:
+        R, L = self.k.shape[1], self.k.shape[3]
+        if rows <= R and length <= L:
+            return
+        R2, L2 = max(rows, 2 * R if rows > R else R), max(-(-length // 64) * 64, 2 * L if length > L else L)
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            layers, _, n_kv, _, hd = old.shape
+            new = old.new_zeros(layers, R2, n_kv, L2, hd)
+            new[:, :R, :, :L] = old
+            setattr(self, name, new)
+
+    def _compact(self) -> None:
+        live = [r for r, o in enumerate(self.owner) if o is not None]
+        index = torch.tensor(live, dtype=torch.long)
+        for name in ("k", "v"):
+            t = getattr(self, name)
+            t[:, :len(live)] = t.index_select(1, index)
+        self.owner = [self.owner[r] for r in live]
+        self.row_of = {key: r for r, key in enumerate(self.owner)}

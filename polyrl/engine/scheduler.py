@@ -1,0 +1,186 @@
+"""Continuous batching: which sequences run in the next step, and how many tokens each.
+
+Every step has a token budget (`max_num_batched_tokens`) and a seat limit
+(`max_num_seqs`). Running sequences go first, oldest first: one token each when
+decoding, or the next chunk of a prompt that did not fit one step (chunked prefill).
+The rest of the budget admits waiting sequences in arrival order, each with its
+prefix-cache hits skipped. Requests join and leave between steps.
+
+When a running sequence needs a block and none is free, the most recently admitted
+running sequence is preempted by recompute: its blocks are released (they stay in the
+prefix cache until reused) and it goes back to the head of the waiting queue with its
+sampled tokens. A sequence alone in the pool that still cannot grow ends with
+finish_reason "length": the engine never runs out of memory and never stalls.
+
+Out of scope: priorities, fairness between callers, swapping KV to host memory,
+speculative steps (several tokens per sequence per step).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from polyrl.engine.block_manager import BlockManager
+from polyrl.engine.sequence import Sequence, SequenceStatus
+from polyrl.engine.stats import EngineCounters
+
+
+@dataclass
+class ScheduledBatch:
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    """Query tokens of each sequence this step: positions num_computed .. num_computed + n."""
+    sampling: list[bool] = field(default_factory=list)
+    """Does the sequence sample a token after this step (its chunk reaches its last token)?"""
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    def samples(self, i: int) -> bool:
+        return self.sampling[i]
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 counters: EngineCounters, stop_text: Callable[[Sequence], bool] | None = None) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.counters = counters
+        self.stop_text = stop_text
+        """Engine hook: has the sequence's text reached one of its stop strings?"""
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.finished: list[Sequence] = []
+        """Sequences finished since the last pop_finished()."""
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def pop_finished(self) -> list[Sequence]:
+        done, self.finished = self.finished, []
+        return done
+
+    def schedule(self) -> ScheduledBatch:
+        bm, bs = self.block_manager, self.block_manager.block_size
+        batch = ScheduledBatch()
+        budget = self.max_num_batched_tokens
+        preempted = False
+
+        # 1. Running sequences, oldest first.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(len(seq.token_ids) - seq.num_computed_tokens, budget)
+            assert n > 0, "a running sequence has nothing to compute"
+            while len(seq.block_table) * bs < seq.num_computed_tokens + n and not bm.can_append(
+                    seq, seq.num_computed_tokens + n):
+                room = (len(seq.block_table) + bm.num_free_blocks) * bs - seq.num_computed_tokens
+                if room > 0:  # a shorter prefill chunk fits
+                    n = room
+                    break
+                victim = self.running[-1]
+                if victim is not seq:
+                    self._preempt(victim)
+                    preempted = True
+                    continue
+                if batch.seqs:  # others in this step will free blocks when they finish
+                    self._preempt(seq)
+                    preempted = True
+                else:  # alone in the pool and still cannot grow: truncate, never OOM
+                    self._finish(seq, "length")
+                n = 0
+                break
+            if n == 0:
+                continue  # seq left self.running; index i now holds the next one
+            if len(seq.block_table) * bs < seq.num_computed_tokens + n:
+                bm.append_blocks(seq, seq.num_computed_tokens + n)
+            self._schedule(batch, seq, n)
+            budget -= n
+            i += 1
+
+        # 2. Waiting sequences, in arrival order (none after a preemption: the pool is full).
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
+            seq = self.waiting[0]
+            hits, hashes = bm.match_prefix(seq)
+            cached = len(hits) * bs
+            start = min(cached, len(seq) - 1)  # the last token is always run: its logits are needed
+            n = min(len(seq) - start, budget)
+            if not bm.can_allocate(hits, start + n):
+                break
+            self.waiting.popleft()
+            bm.allocate(seq, hits, hashes, start + n)
+            seq.num_computed_tokens, seq.num_cached_tokens = start, cached
+            if seq.admissions <= 1:  # (allocate counted this admission)
+                seq.prompt_cached_tokens = start
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            self.counters.prefill_tokens_cached += start
+            self._schedule(batch, seq, n)
+            budget -= n
+
+        if batch.seqs:
+            self.counters.steps += 1
+            self.counters.scheduled_seqs += len(batch.seqs)
+            self.counters.scheduled_tokens += batch.num_tokens
+        return batch
+
+    def _schedule(self, batch: ScheduledBatch, seq: Sequence, n: int) -> None:
+        end, total = seq.num_computed_tokens + n, len(seq.token_ids)
+        if n == 1 and end == total and total > seq.num_prompt_tokens:
+            self.counters.decode_tokens += 1
+        else:
+            self.counters.prefill_tokens_computed += n
+        # Offer blocks this step completes to sequences scheduled after this one.
+        if end // self.block_manager.block_size > len(seq.block_hashes):
+            self.block_manager.register_full_blocks(seq, end)
+        batch.seqs.append(seq)
+        batch.num_new_tokens.append(n)
+        batch.sampling.append(end == total)
+
+    def postprocess(self, batch: ScheduledBatch, tokens: list[int], logprobs: list[float],
+                    top: list[dict[int, float]] | None, version: int) -> None:
+        """Advance computed counts; append the sampled tokens (one per sampling sequence,
+        in batch order) and finish sequences that stop."""
+        k = 0
+        for seq, n, samples in zip(batch.seqs, batch.num_new_tokens, batch.sampling):
+            seq.num_computed_tokens += n
+            if not samples:
+                continue
+            seq.append_token(tokens[k], logprobs[k], top[k] if top is not None else None, version)
+            k += 1
+            reason = seq.stop_reason()
+            if reason is None and seq.params.stop and self.stop_text is not None and self.stop_text(seq):
+                reason = "stop"
+            if reason is not None:
+                self._finish(seq, reason)
+        assert k == len(tokens)
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.finish_reason = reason
+        seq.status = SequenceStatus.FINISHED
+        self.block_manager.deallocate(seq)
+        self.running.remove(seq)
+        self.finished.append(seq)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.deallocate(seq)
+        self.running.remove(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.counters.preemptions += 1
+
+    def preempt_all(self) -> None:
+        """Recompute every running sequence from scratch (after a weight update)."""
+        for seq in reversed(list(self.running)):
+            self._preempt(seq)

@@ -1,0 +1,97 @@
+"""Reward-hacking detector: the proxy reward rises while an independent check does not.
+
+A policy that games a reward model raises the model's score without getting better at
+what the model stands for. So watch two curves over evaluations of the same
+completions: the proxy (the preference reward) and an independent check of the same
+behaviour (the verifier `rule_check`, or a second reward model that was not
+trained against), and flag when the first rises and the second does not follow
+(Gao et al. 2022, "Scaling Laws for Reward Model Overoptimization": proxy up, gold flat
+or down).
+
+    verdict = detect_hacking(proxy=[0.41, 0.47, 0.55, 0.63], check=[0.70, 0.69, 0.71, 0.68])
+    verdict.flagged, verdict.reason   # True, "proxy rose 0.22 over 4 evaluations while ..."
+
+    monitor = HackingMonitor()
+    monitor.observe("alignment", step, proxy=mean_rm_reward, check=mean_rule_score)
+    monitor.verdict("alignment")      # the same test over the domain's history
+    HackingMonitor.from_dict(monitor.to_dict())   # plain-dict state for resume
+
+Rises are least-squares fits over the last `window` points (slope times span), so one
+noisy evaluation neither triggers nor hides a flag. Both curves should be on comparable
+scales (both 0..1 here). Pure: no I/O, no models.
+
+Out of scope: deciding what to do about it (stop, raise the KL target, retrain the
+RM); per-sample attribution of which answers exploit the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+
+@dataclass(frozen=True)
+class HackingVerdict:
+    flagged: bool
+    reason: str
+    proxy_rise: float
+    """Fitted rise of the proxy reward over the window."""
+    check_rise: float
+    """Fitted rise of the independent check over the same window."""
+    points: int
+    """Evaluations the verdict is based on."""
+
+
+def fitted_rise(values: Sequence[float]) -> float:
+    """OLS slope per point times (n - 1): how much a straight-line fit rises over the series."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mx = (n - 1) / 2
+    my = sum(values) / n
+    sxx = sum((i - mx) ** 2 for i in range(n))
+    return sum((i - mx) * (v - my) for i, v in enumerate(values)) / sxx * (n - 1)
+
+
+def detect_hacking(proxy: Sequence[float], check: Sequence[float], window: int = 5, min_points: int = 3,
+                   min_rise: float = 0.05, follow: float = 0.25) -> HackingVerdict:
+    """Flag when the proxy's fitted rise over the last `window` points is at least `min_rise`
+    and the check's rise is less than `follow` times the proxy's (it did not follow)."""
+    assert len(proxy) == len(check), "proxy and check must be measured on the same evaluations"
+    assert window >= 2 and min_points >= 2 and min_rise > 0 and 0 <= follow <= 1
+    p, c = list(proxy)[-window:], list(check)[-window:]
+    if len(p) < min_points:
+        return HackingVerdict(False, f"{len(p)} evaluations; need {min_points} to judge", 0.0, 0.0, len(p))
+    pr, cr = fitted_rise(p), fitted_rise(c)
+    if pr < min_rise:
+        return HackingVerdict(False, f"proxy did not rise (fitted {pr:+.3f} < {min_rise})", pr, cr, len(p))
+    if cr < follow * pr:
+        return HackingVerdict(True, f"proxy rose {pr:+.3f} over {len(p)} evaluations while the independent "
+                                    f"check moved {cr:+.3f} (< {follow:g} x the proxy's rise)", pr, cr, len(p))
+    return HackingVerdict(False, f"proxy rose {pr:+.3f} and the check followed ({cr:+.3f})", pr, cr, len(p))
+
+
+class HackingMonitor:
+    """Per-domain history of (step, proxy, check) and `detect_hacking` over it."""
+
+    def __init__(self, window: int = 5, min_points: int = 3, min_rise: float = 0.05, follow: float = 0.25) -> None:
+        self.settings = {"window": window, "min_points": min_points, "min_rise": min_rise, "follow": follow}
+        self.history: dict[str, list[tuple[int, float, float]]] = {}
+
+    def observe(self, domain: str, step: int, proxy: float, check: float) -> HackingVerdict:
+        """Record one evaluation of `domain` and return the verdict over its history."""
+        self.history.setdefault(domain, []).append((int(step), float(proxy), float(check)))
+        return self.verdict(domain)
+
+    def verdict(self, domain: str) -> HackingVerdict:
+        points = self.history.get(domain, [])
+        return detect_hacking([p for _, p, _ in points], [c for _, _, c in points], **self.settings)
+
+    def to_dict(self) -> dict:
+        return {"settings": dict(self.settings), "history": {d: [list(x) for x in h] for d, h in self.history.items()}}
+
+    @classmethod
+    def from_dict(cls, state: dict) -> HackingMonitor:
+        monitor = cls(**state["settings"])
+        monitor.history = {d: [(int(s), float(p), float(c)) for s, p, c in h] for d, h in state["history"].items()}
+        return monitor

@@ -1,0 +1,152 @@
+"""Block manager and scheduler invariants, without a model: budgets, seats, block
+coverage, ref counts, prefix hits, LRU reuse, cache epochs, never stalling."""
+
+import random
+
+import pytest
+
+from polyrl.engine.base import SamplingParams
+from polyrl.engine.block_manager import BlockManager
+from polyrl.engine.config import PagedConfig
+from polyrl.engine.scheduler import Scheduler
+from polyrl.engine.sequence import Sequence
+from polyrl.engine.stats import EngineCounters, counter_delta
+
+EOS = 0
+
+
+def seq(i: int, tokens: list[int], max_tokens: int = 8) -> Sequence:
+    return Sequence(i, list(tokens), len(tokens), SamplingParams(max_tokens=max_tokens), seed=i,
+                    stop_ids=frozenset({EOS}))
+
+
+def fake_tokens(batch, rng: random.Random) -> list[int]:
+    """One token per sampling sequence: EOS now and then, else a token from 1..9."""
+    return [EOS if rng.random() < 0.05 else rng.randint(1, 9) for i in range(len(batch)) if batch.samples(i)]
+
+
+@pytest.mark.parametrize("num_blocks,budget,seats,caching", [
+    (8, 16, 4, True), (10, 5, 8, True), (64, 64, 64, False), (12, 9, 3, False), (30, 40, 16, True)])
+def test_scheduler_invariants_under_random_load(num_blocks, budget, seats, caching):
+    rng = random.Random(num_blocks * 1000 + budget)
+    bs = 4
+    bm = BlockManager(num_blocks, bs, caching)
+    counters = EngineCounters()
+    sched = Scheduler(bm, seats, budget, counters)
+    shared = [rng.randint(1, 9) for _ in range(9)]
+    pending = [seq(i, (shared if i % 2 else [])[: rng.randint(0, 9)] + [rng.randint(1, 9) for _ in range(rng.randint(1, 10))],
+                   max_tokens=rng.randint(1, 10)) for i in range(30)]
+    finished = []
+    for step in range(2000):
+        if pending and rng.random() < 0.5:
+            sched.add(pending.pop())
+        batch = sched.schedule()
+        assert batch.num_tokens <= budget and len(batch) <= seats and len(sched.running) <= seats
+        assert len({s.seq_id for s in batch.seqs}) == len(batch)
+        for s, n in zip(batch.seqs, batch.num_new_tokens):
+            assert n >= 1 and s.num_computed_tokens + n <= len(s)
+            assert len(s.block_table) * bs >= s.num_computed_tokens + n  # blocks cover what is written
+            assert s.num_cached_tokens % bs == 0
+        sched.postprocess(batch, fake_tokens(batch, rng), [0.0] * sum(batch.samples(i) for i in range(len(batch))),
+                          None, version=0)
+        bm.check_invariants(sched.running)
+        finished += sched.pop_finished()
+        if not pending and not sched.has_unfinished():
+            break
+        assert batch.seqs or not sched.running, "stalled with running sequences"
+    assert len(finished) == 30 and not sched.has_unfinished()
+    for s in finished:
+        assert s.finish_reason in ("stop", "length") and not s.block_table
+        assert 1 <= s.num_completion_tokens <= s.params.max_tokens
+    bm.check_invariants([])
+    assert bm.num_free_blocks == num_blocks
+    d = counter_delta(EngineCounters().snapshot(), counters.snapshot())
+    assert d["decode_tokens"] + d["prefill_tokens_computed"] == d["scheduled_tokens"]
+
+
+def test_prefix_hits_share_blocks_and_ref_counts():
+    bm = BlockManager(16, 4)
+    a, b = seq(0, list(range(1, 11))), seq(1, list(range(1, 11)))  # 10 tokens: 2 full blocks + 2
+    hits, hashes = bm.match_prefix(a)
+    assert hits == []
+    bm.allocate(a, hits, hashes, 10)
+    bm.register_full_blocks(a, 10)
+    hits, hashes = bm.match_prefix(b)
+    assert hits == a.block_table[:2] and hashes == a.block_hashes
+    bm.allocate(b, hits, hashes, 10)
+    assert [bm.blocks[i].ref_count for i in a.block_table] == [2, 2, 1]
+    assert b.block_table[2] != a.block_table[2]  # partial tail blocks are private
+    bm.check_invariants([a, b])
+    bm.deallocate(a)
+    bm.deallocate(b)
+    bm.check_invariants([])
+    # Freed blocks keep their prefix: a third sequence with the same start hits them.
+    c = seq(2, list(range(1, 9)) + [42])
+    assert bm.match_prefix(c)[0] == hits
+
+
+def test_prefix_hit_requires_equal_chain_and_tokens():
+    bm = BlockManager(8, 2)
+    a = seq(0, [1, 2, 3, 4])
+    bm.allocate(a, [], [], 4)
+    bm.register_full_blocks(a, 4)
+    assert len(bm.match_prefix(seq(1, [1, 2, 3, 4, 5]))[0]) == 2
+    assert bm.match_prefix(seq(2, [9, 9, 3, 4]))[0] == []  # same second block, different prefix
+    # A forged hash entry pointing at a block with other tokens is not a hit.
+    h = bm.chain_hash(None, (7, 7))
+    bm.hash_to_block[h] = a.block_table[0]
+    assert bm.match_prefix(seq(3, [7, 7]))[0] == []
+
+
+def test_lru_reuse_prefers_unhashed_blocks_then_oldest():
+    bm = BlockManager(4, 2)
+    a = seq(0, [1, 2, 3])  # one full block (hashed) + a partial one
+    bm.allocate(a, [], [], 3)
+    bm.register_full_blocks(a, 3)
+    full, partial = a.block_table
+    bm.deallocate(a)
+    assert next(iter(bm.free)) == partial  # nothing to share: reused first
+    b = seq(1, [5, 6, 7, 8, 9, 10])
+    bm.allocate(b, [], [], 6)  # takes the partial block and the two untouched ones
+    assert full not in b.block_table and bm.match_prefix(seq(2, [1, 2]))[0] == [full]
+    c = seq(3, [11, 12])
+    bm.allocate(c, [], [], 2)  # only the cached block is left: it is evicted
+    assert c.block_table == [full] and bm.match_prefix(seq(4, [1, 2]))[0] == []
+
+
+def test_cache_epoch_after_weight_update():
+    bm = BlockManager(8, 2)
+    a = seq(0, [1, 2, 3, 4, 5])
+    bm.allocate(a, [], [], 5)
+    bm.register_full_blocks(a, 4)
+    bm.reset_cache()
+    assert bm.match_prefix(seq(1, [1, 2, 3, 4]))[0] == []
+    a.token_ids += [6]
+    bm.register_full_blocks(a, 6)  # computed partly under old weights: never offered
+    assert bm.match_prefix(seq(2, [1, 2, 3, 4, 5, 6]))[0] == []
+    bm.check_invariants([a])
+
+
+def test_preemption_when_blocks_run_out_then_everyone_finishes():
+    bm = BlockManager(6, 2)
+    counters = EngineCounters()
+    sched = Scheduler(bm, 8, 64, counters)
+    seqs = [seq(i, [i + 1] * 3, max_tokens=6) for i in range(3)]  # 3 x (3 + 6) tokens > 12 slots
+    for s in seqs:
+        sched.add(s)
+    rng = random.Random(0)
+    while sched.has_unfinished():
+        batch = sched.schedule()
+        tokens = [rng.randint(1, 9) for i in range(len(batch)) if batch.samples(i)]
+        sched.postprocess(batch, tokens, [0.0] * len(tokens), None, 0)
+        bm.check_invariants(sched.running)
+    assert counters.preemptions > 0
+    assert all(s.finish_reason == "length" and s.num_completion_tokens == 6 for s in seqs)
+
+
+def test_paged_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="engine.native.block_size"):
+        PagedConfig(block_size=0)
+    with pytest.raises(ValueError, match="engine.native.num_blocks"):
+        PagedConfig(num_blocks=-3)
+    assert PagedConfig(kv_cache_mb=1).blocks_for(1024) == 64
