@@ -127,12 +127,13 @@ def _model_factory(args: argparse.Namespace) -> Callable[[], list[ModelSlot]]:
         return lambda: slots
     from polyrl.agent.engine_model import EngineChatModel
     from polyrl.engine.base import SamplingParams
-    from polyrl.engine.dense import DenseEngine
+    from polyrl.config import EngineConfig
+    from polyrl.engine.factory import build_engine
     from polyrl.train.setup import load_policy, resolve_model_dir
 
     model_dir = resolve_model_dir(args.model, log=lambda m: print(m, file=sys.stderr))
     model, tokenizer = load_policy(model_dir, "float32")
-    engine = DenseEngine(model, tokenizer)
+    engine = build_engine(EngineConfig(), model, tokenizer, model_dir)  # the paged engine: turns reuse the cache
     window = model.cfg.max_position_embeddings
     sampling = SamplingParams(temperature=args.temperature, seed=args.seed)
     name = "tiny" if args.model == "builtin:tiny" else Path(args.model).name

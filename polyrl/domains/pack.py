@@ -187,7 +187,9 @@ class PackDomain:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         pool = self._by_split[split]
         if n > 0 and not pool:
-            raise ValueError(f"pack domain {self.name!r} has no {split!r} tasks")
+            hint = (' (held-out evaluation needs them: give some lines "split": "heldout", '
+                    'or set eval.heldout_per_domain: 0)') if split == "heldout" else ""
+            raise ValueError(f"pack domain {self.name!r} has no {split!r} tasks{hint}")
         rng = random.Random(f"pack|{self.name}|{split}|{seed}")
         out: list[Task] = []
         while len(out) < n:

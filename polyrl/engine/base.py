@@ -61,3 +61,14 @@ class Engine(Protocol):
         engine steps see (paged engine, step API) is documented in engine/paged.py.
         """
         ...
+
+
+@torch.no_grad()
+def copy_weights_(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
+    """Copy `weights` (state_dict names, all of them) into `model`'s tensors in place."""
+    own = model.state_dict()
+    missing = set(own) - set(weights)
+    if missing:
+        raise KeyError(f"update_weights: missing {sorted(missing)[:5]}")
+    for name, tensor in own.items():
+        tensor.copy_(weights[name])

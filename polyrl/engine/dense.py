@@ -17,7 +17,7 @@ from typing import Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-from polyrl.engine.base import SamplingParams
+from polyrl.engine.base import SamplingParams, copy_weights_
 from polyrl.engine.sampler import sample_next
 from polyrl.engine.text import hits_stop_string, visible_text
 from polyrl.models.tokenizer import Tokenizer
@@ -72,12 +72,7 @@ class DenseEngine:
 
     @torch.no_grad()
     def update_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
-        own = self.model.state_dict()
-        missing = set(own) - set(weights)
-        if missing:
-            raise KeyError(f"update_weights: missing {sorted(missing)[:5]}")
-        for name, tensor in own.items():
-            tensor.copy_(weights[name])
+        copy_weights_(self.model, weights)
         self.weight_version = version
 
     @torch.inference_mode()

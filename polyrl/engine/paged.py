@@ -37,7 +37,7 @@ from typing import Literal, Mapping, Sequence as Seq
 
 import torch
 
-from polyrl.engine.base import SamplingParams
+from polyrl.engine.base import SamplingParams, copy_weights_
 from polyrl.engine.block_manager import BlockManager
 from polyrl.engine.config import PagedConfig
 from polyrl.engine.runner.model_runner import ModelRunner
@@ -131,12 +131,7 @@ class PagedEngine:
         docstring for what requests in flight see."""
         if in_flight not in ("keep", "recompute"):
             raise ValueError(f"in_flight: got {in_flight!r}; must be 'keep' or 'recompute'")
-        own = self.model.state_dict()
-        missing = set(own) - set(weights)
-        if missing:
-            raise KeyError(f"update_weights: missing {sorted(missing)[:5]}")
-        for name, tensor in own.items():
-            tensor.copy_(weights[name])
+        copy_weights_(self.model, weights)
         self.weight_version = version
         if in_flight == "recompute":
             self.scheduler.preempt_all()
