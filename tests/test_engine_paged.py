@@ -236,3 +236,15 @@ def test_capacity_limits_are_values_or_clear_errors(setup):
     assert c.finish_reason == "length" and 0 < len(c.token_ids) < 12
     assert c.token_ids == naive_greedy(model, prompts[1], len(c.token_ids), set())
     assert_all_free(eng)
+
+
+def test_run_file_chooses_paged_or_dense(setup, tmp_path):
+    from polyrl.config import EngineConfig
+    from polyrl.engine.factory import build_engine
+
+    tok, model, _ = setup
+    paged = build_engine(EngineConfig(), copy.deepcopy(model), tok, tmp_path)
+    dense = build_engine(EngineConfig(native={"paged": False}), copy.deepcopy(model), tok, tmp_path)
+    assert isinstance(paged, PagedEngine) and isinstance(dense, DenseEngine)
+    with pytest.raises(ValueError, match="engine.backend"):
+        build_engine(type("S", (), {"backend": "dense"})(), copy.deepcopy(model), tok, tmp_path)

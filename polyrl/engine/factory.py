@@ -1,8 +1,8 @@
 """Which engine a run uses: the run file's `engine.backend` -> an Engine.
 
 - "native": the paged engine (paged.py) on a copy of the policy; the trainer's default.
-- "dense" (or "native" with native.paged false): the dense reference engine
-  (dense.py): equivalence tests and before/after measurements.
+  With native.paged false, the dense reference engine (dense.py): equivalence tests
+  and before/after measurements.
 - "vllm": vLLM loaded from the model directory (vllm_backend.py), optional extra.
 
 The settings object is duck-typed (polyrl/config.py's EngineConfig in a run), so the
@@ -20,7 +20,7 @@ from polyrl.engine.config import PagedConfig
 from polyrl.models.tokenizer import Tokenizer
 from polyrl.models.transformer import Transformer
 
-BACKENDS = ("native", "dense", "vllm")
+BACKENDS = ("native", "vllm")
 
 
 def build_engine(settings: Any, model: Transformer, tokenizer: Tokenizer, model_dir: str | Path,
@@ -33,11 +33,8 @@ def build_engine(settings: Any, model: Transformer, tokenizer: Tokenizer, model_
     if backend == "native":
         native = getattr(settings, "native", None)
         native = native.model_dump() if hasattr(native, "model_dump") else dict(native or {})
-        if not native.pop("paged", True):
-            backend = "dense"
-        else:
+        if native.pop("paged", True):
             return _paged(model, tokenizer, PagedConfig(**native), weight_version)
-    if backend == "dense":
         from polyrl.engine.dense import DenseEngine
 
         return DenseEngine(model, tokenizer, weight_version)
