@@ -4,7 +4,7 @@ A run file is YAML. `load_config` parses it, validates it against `RunConfig` an
 anything is wrong, raises one `ConfigError` listing every problem, one per line:
 
     run.yaml:12: trainer.lr: got -1; must be > 0
-    run.yaml:4: rl_tasks[0].wieght: unknown key 'wieght'; allowed: domain, reward, weight, pack, quarantine, kl_coef, max_tokens, reward_options, max_steps; did you mean 'weight'?
+    run.yaml:4: rl_tasks[0].wieght: unknown key 'wieght'; allowed: domain, reward, weight, pack, quarantine, kl_coef, kl_target, max_tokens, reward_options, check, max_steps; did you mean 'weight'?
 
 Every default lives in the field definitions below; a run file only states what differs.
 Out of scope: command-line overrides and what a field means at run time (the trainer,
@@ -33,6 +33,7 @@ __all__ = [
     "EngineConfig",
     "TrainerConfig",
     "EvalConfig",
+    "CapabilityCurveConfig",
     "RunConfig",
     "load_config",
     "load_config_text",
@@ -63,10 +64,17 @@ class RLTask(BaseModel):
     `polyrl audit --write-quarantine` output or a run's flags.jsonl); relative to the run file like `pack`"""
     kl_coef: float | None = Field(None, ge=0)
     """per-domain override of trainer.kl_coef; null = use trainer.kl_coef"""
+    kl_target: float | None = Field(None, gt=0)
+    """per-token KL to the reference this domain is driven toward by adapting its coefficient
+    (starting from kl_coef, which must then be > 0); null = the coefficient stays fixed"""
     max_tokens: int | None = Field(None, gt=0)
     """per-domain override of engine.max_tokens (agent domains: per model call); null = use engine.max_tokens"""
     reward_options: dict[str, Any] = Field(default_factory=dict)
     """keyword options of this domain's verifier, e.g. {alpha: 0.02, beta: 1.0e-4} for success_minus_cost"""
+    check: str | None = None
+    """independent verifier scored on the same held-out completions (its mean is the eval's
+    check_accuracy; the reward-hacking detector flags a reward that rises while it does not);
+    null = the domain's default check (alignment: rule_check), if it has one"""
     max_steps: int = Field(8, gt=0)
     """agent domains: model calls an episode may make before it must answer"""
 
@@ -149,6 +157,9 @@ class TrainerConfig(BaseModel):
     """PPO ratio clip above: ratio <= 1 + clip_high (DAPO clip-higher)"""
     kl_coef: float = Field(0.0, ge=0)
     """KL penalty to the reference policy; 0 = no reference model is kept"""
+    kl_horizon: int = Field(10000, gt=0)
+    """adaptive KL (rl_tasks[].kl_target): samples over which a coefficient moves by at most
+    20%; a domain's coefficient changes by up to 0.2 * its samples per step / kl_horizon"""
     ppo_epochs: int = Field(1, gt=0)
     """passes over each rollout batch"""
     minibatches: int = Field(1, gt=0)
@@ -159,6 +170,9 @@ class TrainerConfig(BaseModel):
     """skip groups whose rewards are all equal (they carry no advantage signal)"""
     max_minutes: float | None = Field(None, gt=0)
     """wall-clock cap on training; the run ends cleanly at the first step past it"""
+    max_rollout_tokens: int | None = Field(None, gt=0)
+    """cap on generated rollout tokens (training rollouts, all domains); the run ends cleanly at the
+    first step past it. Compares runs at matched generation compute (bench/curriculum.py)"""
     checkpoint_every: int = Field(25, gt=0)
     """save a checkpoint every this many steps (and at the end)"""
 
@@ -180,6 +194,32 @@ class EvalConfig(BaseModel):
     """also report greedy (temperature 0) accuracy on the same tasks"""
 
 
+class CapabilityCurveConfig(BaseModel):
+    """The capability-curve curriculum (curriculum: capability_curve; polyrl/rl/curriculum.py).
+    Weights move after every held-out evaluation (eval.every) from each domain's held-out score."""
+
+    model_config = _STRICT
+
+    window: int = Field(4, ge=2)
+    """evaluations in each domain's slope fit"""
+    saturation: float = Field(0.95, gt=0, le=1)
+    """held-out score at which a domain counts as saturated: its weight goes to the floor"""
+    saturation_margin: float = Field(0.25, gt=0, le=1)
+    """below saturation - margin a domain's weight is not reduced; in between it fades linearly"""
+    progress_scale: float = Field(0.05, gt=0)
+    """slope (score per evaluation) that multiplies a domain's weight by e; at most e^3"""
+    floor: float = Field(0.05, gt=0, lt=1)
+    """least share of every domain (against forgetting); floor * number of domains must be <= 1"""
+    max_change: float = Field(0.1, gt=0, le=1)
+    """most any domain's share moves in one update"""
+    regress_tolerance: float = Field(0.05, ge=0)
+    """a domain whose score falls more than this below its best is boosted"""
+    boost: float = Field(2.0, ge=1)
+    """a boosted domain's share is at least boost * its seed share"""
+    boost_updates: int = Field(2, ge=1)
+    """updates a boost lasts (re-armed while the domain stays below its best)"""
+
+
 class RunConfig(BaseModel):
     """A whole training run, as written in a run file."""
 
@@ -191,8 +231,11 @@ class RunConfig(BaseModel):
     """seed for task sampling, rollouts and initialisation"""
     run_dir: str | None = None
     """where to write metrics, trajectories and checkpoints; null = runs/<name>"""
-    curriculum: Literal["static"] = "static"
-    """how domain shares evolve: "static" keeps the given weights"""
+    curriculum: Literal["static", "capability_curve"] = "static"
+    """how domain shares evolve: "static" keeps the given weights; "capability_curve" moves them
+    after each held-out evaluation from every domain's progress (see capability_curve)"""
+    capability_curve: CapabilityCurveConfig = Field(default_factory=CapabilityCurveConfig)
+    """settings of curriculum: capability_curve (ignored by static)"""
     rl_tasks: list[RLTask] = Field(min_length=1)
     """the domains to train on, each listed once"""
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -361,6 +404,9 @@ def _semantic_problems(data: Any, base_dir: Path | None) -> list[tuple[tuple, st
                     problems.append((("rl_tasks", i, "domain"), f"got {domain!r}; must be a built-in domain ({', '.join(domains)}), or any name together with `pack`{_did_you_mean(domain, domains)}"))
             if isinstance(reward, str) and reward not in verifiers:
                 problems.append((("rl_tasks", i, "reward"), f"got {reward!r}; must be one of {', '.join(verifiers)}, or null for the domain's default{_did_you_mean(reward, verifiers)}"))
+            check = task.get("check")
+            if isinstance(check, str) and check not in verifiers:
+                problems.append((("rl_tasks", i, "check"), f"got {check!r}; must be one of {', '.join(verifiers)}, or null for the domain's default check{_did_you_mean(check, verifiers)}"))
             if isinstance(pack, str):
                 resolved = _resolve_pack(pack, base_dir or Path.cwd())
                 if not resolved.is_file():
@@ -381,6 +427,47 @@ def _semantic_problems(data: Any, base_dir: Path | None) -> list[tuple[tuple, st
             divisors = [d for d in range(1, batch + 1) if batch % d == 0]
             shown = ", ".join(map(str, divisors[:12])) + (", ..." if len(divisors) > 12 else "")
             problems.append((("trainer", "minibatches"), f"got {mb}; must divide prompts_per_step * group_size = {pps} * {g} = {batch} (one of {shown})"))
+    problems += _adaptive_kl_problems(tasks, trainer)
+    problems += _curriculum_problems(data, tasks)
+    return problems
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _adaptive_kl_problems(tasks: Any, trainer: Any) -> list[tuple[tuple, str]]:
+    """A kl_target needs a positive starting coefficient: the controller multiplies it."""
+    if not isinstance(tasks, list):
+        return []
+    default = trainer.get("kl_coef", 0.0) if isinstance(trainer, dict) else 0.0
+    problems = []
+    for i, task in enumerate(tasks):
+        if not isinstance(task, dict) or not _number(task.get("kl_target")) or task["kl_target"] <= 0:
+            continue
+        start = task.get("kl_coef") if task.get("kl_coef") is not None else default
+        if _number(start) and start <= 0:
+            problems.append((("rl_tasks", i, "kl_target"), f"got {task['kl_target']}; an adaptive KL starts from the "
+                             f"domain's kl_coef, which is {start} here; set rl_tasks[{i}].kl_coef (or trainer.kl_coef) "
+                             f"> 0, e.g. 0.001"))
+    return problems
+
+
+def _curriculum_problems(data: dict, tasks: Any) -> list[tuple[tuple, str]]:
+    """capability_curve needs evaluations during training, and floors that fit in one batch."""
+    if data.get("curriculum") != "capability_curve":
+        return []
+    problems = []
+    evaluation = data.get("eval", {})
+    every = evaluation.get("every", EvalConfig.model_fields["every"].default) if isinstance(evaluation, dict) else None
+    if _is_int(every) and every == 0:
+        problems.append((("curriculum",), "got 'capability_curve'; it moves weights after held-out evaluations during "
+                         "training, but eval.every is 0 (only before and after); set eval.every > 0"))
+    curve = data.get("capability_curve", {})
+    floor = curve.get("floor", CapabilityCurveConfig.model_fields["floor"].default) if isinstance(curve, dict) else None
+    if isinstance(tasks, list) and tasks and _number(floor) and 0 < floor and floor * len(tasks) > 1:
+        problems.append((("capability_curve", "floor"), f"got {floor}; floor * {len(tasks)} domains = "
+                         f"{floor * len(tasks):g} > 1; must be <= {1 / len(tasks):.4g}"))
     return problems
 
 

@@ -29,7 +29,7 @@ def known_domains(monkeypatch):
     """A fixed list of built-in domains, so domain checks do not depend on which domains exist."""
     import polyrl.domains.registry as registry
 
-    monkeypatch.setattr(registry, "available_domains", lambda: ["agent", "code", "math"])
+    monkeypatch.setattr(registry, "available_domains", lambda: ["agent", "alignment", "code", "math"])
 
 
 def test_good_file_gets_defaults():
@@ -45,7 +45,9 @@ def test_default_config_is_the_quickstart():
     cfg = default_config()
     assert cfg.name == "quickstart"
     assert [(t.domain, t.reward, t.weight) for t in cfg.rl_tasks] == [
-        ("math", "answer_verify", 0.35), ("code", "unit_test_pass", 0.35), ("agent", "success_minus_cost", 0.3)]
+        ("code", "unit_test_pass", 0.35), ("agent", "success_minus_cost", 0.3), ("math", "answer_verify", 0.2),
+        ("alignment", "preference_model", 0.15)]
+    assert cfg.curriculum == "capability_curve" and cfg.eval.every > 0
 
 
 def test_yaml_11_exponent_floats_are_accepted():
@@ -114,7 +116,7 @@ def test_unknown_reward_lists_verifiers():
 
 def test_unknown_domain_unless_a_pack_is_given(known_domains, tmp_path):
     (line,) = errors("rl_tasks:\n  - domain: mth\n    weight: 1\n")
-    assert line == "run.yaml:2: rl_tasks[0].domain: got 'mth'; must be a built-in domain (agent, code, math), or any name together with `pack`; did you mean 'math'?"
+    assert line == "run.yaml:2: rl_tasks[0].domain: got 'mth'; must be a built-in domain (agent, alignment, code, math), or any name together with `pack`; did you mean 'math'?"
     (tmp_path / "mine.jsonl").write_text("")
     cfg = load_config_text("rl_tasks:\n  - {domain: mine, pack: mine.jsonl, weight: 1}\n", base_dir=tmp_path)
     assert cfg.rl_tasks[0].domain == "mine"

@@ -15,6 +15,7 @@ _DOMAINS: dict[str, str] = {
     "code": "polyrl.domains.code:CodeDomain",
     "humaneval": "polyrl.domains.humaneval:HumanEvalDomain",
     "agent": "polyrl.domains.agent:AgentDomain",
+    "alignment": "polyrl.domains.alignment:AlignmentDomain",
 }
 
 

@@ -1,7 +1,8 @@
 """The built-in tiny base model: built by polyrl itself, cached, rebuilt when its recipe changes.
 
 Recipe. A byte-level BPE tokenizer (digits kept single) is trained on rendered
-conversations of the built-in domains' TRAIN splits (math, code and agent episodes); then
+conversations of the built-in domains' TRAIN splits (math, code, agent episodes and
+alignment requests); then
 a small Llama-family model is trained from scratch by supervised fine-tuning on
 demonstrations packed into rows (`pack`), with loss on the assistant turns only.
 Held-out tasks are never seen.
@@ -12,7 +13,8 @@ a result off by ±1, ±2, ±10; code: a constant off by one, or a neighbouring o
 such as max for sum), and with probability `format_rate` it has a format slip (math: no
 final `\\boxed{}`, which answer_verify then cannot find; code: the `return` left out, so
 the function returns None; agent: a wrong final answer, or a detour that repeats the last
-lookup, see `_agent_noise`). The model learns
+lookup, see `_agent_noise`; alignment: a rude, off-topic or wrong-intent answer, or a
+verbose, terse or polite-word-stuffed one, see `_alignment_noise`). The model learns
 the teacher's habits along with the task, exactly the situation RLVR is for: the reward
 tells right from wrong where the demonstrations did not. Both rates and everything else
 that shapes the model live in `TinyRecipe`; its hash, together with the source of the
@@ -72,7 +74,7 @@ class TinyRecipe:
     math_levels: tuple[int, ...] = (1, 2, 3, 4)
     code_levels: tuple[int, ...] = (1, 2, 3, 4)
     agent_levels: tuple[int, ...] = (1, 2, 3, 4)
-    mix: tuple[tuple[str, float], ...] = (("math", 0.35), ("code", 0.35), ("agent", 0.3))
+    mix: tuple[tuple[str, float], ...] = (("math", 0.32), ("code", 0.32), ("agent", 0.26), ("alignment", 0.1))
     """Share of demonstrations per built-in domain."""
 
 
@@ -84,11 +86,11 @@ def cache_dir() -> Path:
 
 def recipe_hash(recipe: TinyRecipe) -> str:
     from polyrl.agent import call_format, engine_model
-    from polyrl.domains import agent, agent_world, code, math
+    from polyrl.domains import agent, agent_world, alignment, code, math
 
     h = hashlib.sha256(json.dumps(asdict(recipe), sort_keys=True).encode())
     # the data generators, the agent's text format and token layout, and this recipe
-    for module in (math, code, agent, agent_world, call_format, engine_model, inspect.getmodule(TinyRecipe)):
+    for module in (math, code, agent, agent_world, alignment, call_format, engine_model, inspect.getmodule(TinyRecipe)):
         h.update(inspect.getsource(module).encode())
     return h.hexdigest()[:12]
 
@@ -175,6 +177,20 @@ def _agent_noise(task: Task, messages: list[dict], recipe: TinyRecipe, rng: rand
     return messages
 
 
+def _alignment_noise(task: Task, recipe: TinyRecipe, rng: random.Random) -> str:
+    """The alignment teacher: a good answer (a template drawn at random), else with
+    `slip_rate` a wrong one (rude, off topic, the wrong intent) and with `format_rate` a
+    badly shaped one (verbose, terse, stuffed with polite words)."""
+    from polyrl.domains.alignment import bad_answer, good_answer
+
+    u = rng.random()
+    if u < recipe.slip_rate:
+        return bad_answer(task, rng.choice(("rude", "off_topic", "wrong_intent")), rng)
+    if u < recipe.slip_rate + recipe.format_rate:
+        return bad_answer(task, rng.choice(("verbose", "terse", "stuffed")), rng)
+    return good_answer(task, rng)
+
+
 def _items_of(task: Task) -> list[str]:
     return sorted(task.data.get("world", {}).get("items", {}))
 
@@ -183,18 +199,23 @@ def sft_examples(recipe: TinyRecipe, n: int) -> list[list[dict]]:
     """Demonstrations as conversations (system?, user, assistant, tool, ...) from the
     built-in domains' train splits, mixed by `recipe.mix` and shuffled together."""
     from polyrl.domains.agent import AgentDomain
+    from polyrl.domains.alignment import AlignmentDomain
     from polyrl.domains.code import CodeDomain
     from polyrl.domains.math import MathDomain
 
     rng = random.Random(recipe.seed)
     domains = {"math": MathDomain(levels=recipe.math_levels), "code": CodeDomain(levels=recipe.code_levels),
-               "agent": AgentDomain(levels=recipe.agent_levels)}
+               "agent": AgentDomain(levels=recipe.agent_levels), "alignment": AlignmentDomain()}
     total = sum(share for _, share in recipe.mix)
     counts = {name: round(n * share / total) for name, share in recipe.mix}
     tasks = [t for name, k in counts.items() for t in domains[name].sample("train", k, seed=recipe.seed)]
     rng.shuffle(tasks)
     examples = []
     for t in tasks:
+        if t.domain == "alignment":
+            examples.append([{"role": "user", "content": t.prompt},
+                             {"role": "assistant", "content": _alignment_noise(t, recipe, rng)}])
+            continue
         demo = type(domains[t.domain]).demonstration(t)
         if t.domain == "agent":
             examples.append(_agent_noise(t, demo, recipe, rng))
@@ -256,7 +277,7 @@ def build_tiny_model(recipe: TinyRecipe, out_dir: Path, log: Callable[[str], Non
     save_pretrained(model, cfg, out_dir)
     card = {"recipe": asdict(recipe), "parameters": n_params, "final_loss": round(loss.item(), 4),
             "build_seconds": round(time.time() - start, 1),
-            "trained_on": "demonstrations of the built-in math, code and agent domains' train splits from a "
+            "trained_on": "demonstrations of the built-in math, code, agent and alignment domains' train splits from a "
                           "noisy teacher (see polyrl/models/tiny.py)"}
     (out_dir / "polyrl_recipe.json").write_text(json.dumps(card, indent=2))
     log(f"  built in {card['build_seconds']:.0f}s, final SFT loss {card['final_loss']}")

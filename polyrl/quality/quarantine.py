@@ -1,7 +1,7 @@
 """Quarantine: suspicious reward patterns during training, and the list of tasks to leave out.
 
 The detector (`RewardMonitor`, pure: no I/O) looks at each training step and returns flag
-records; the training loop appends them to RUN_DIR/flags.jsonl. Two patterns:
+records; the training loop appends them to RUN_DIR/flags.jsonl. Three patterns:
 
 - "reward_without_check": a sample got full reward but fails the independent check
   (independent.py: an exit call, an always-equal `__eq__`, a hedge, ...); the record
@@ -10,6 +10,10 @@ records; the training loop appends them to RUN_DIR/flags.jsonl. Two patterns:
   accuracy does not follow, over the in-training evaluations (`detect_hacking` of
   rewards/hacking.py; the proxy is the mean training reward since the previous
   evaluation). A domain-level flag, with "task_id": null. Needs eval.every > 0.
+- "reward_without_check_heldout": on a domain with an independent check (alignment: the
+  preference reward model against rule_check), the held-out reward rises while the
+  check of the same held-out completions does not follow: the policy games the reward
+  model. Also domain-level; needs eval.every > 0.
 
 A quarantine list is a file of task ids: one per line (blank lines and `# comments`
 skipped), or JSONL objects with "id" or "task_id" (so RUN_DIR/flags.jsonl and
@@ -30,7 +34,7 @@ from typing import Any, Sequence
 
 from polyrl.domains.base import Domain
 from polyrl.quality.independent import suspicious
-from polyrl.rewards.hacking import detect_hacking
+from polyrl.rewards.hacking import HackingMonitor, detect_hacking
 from polyrl.types import Task
 
 # ---------------------------------------------------------------------------- the list file
@@ -107,7 +111,10 @@ class RewardMonitor:
         """domain -> training rewards of the steps since the last evaluation"""
         self.points: dict[str, list[tuple[float, float]]] = {}
         """domain -> (mean training reward, held-out accuracy) at each evaluation"""
-        self.flagged: set[str] = set()
+        self.checks = HackingMonitor(**self.settings)
+        """domain -> (held-out reward, held-out check) at each evaluation"""
+        self.flagged: set[tuple[str, str]] = set()
+        """(kind, domain) of the divergences flagged and not yet over"""
 
     def step(self, step: int, groups: Sequence[Any], record: dict[str, Any],
              verifier_of: dict[str, str] | None = None) -> list[dict[str, Any]]:
@@ -131,6 +138,10 @@ class RewardMonitor:
             flag = self.evaluated(step, domain, float(result["accuracy"]))
             if flag:
                 flags.append(flag)
+            if result.get("check_accuracy") is not None:
+                flag = self.checked(step, domain, float(result["accuracy"]), float(result["check_accuracy"]))
+                if flag:
+                    flags.append(flag)
         return flags
 
     def evaluated(self, step: int, domain: str, heldout: float) -> dict[str, Any] | None:
@@ -141,12 +152,23 @@ class RewardMonitor:
         self.points.setdefault(domain, []).append((sum(rewards) / len(rewards), heldout))
         points = self.points[domain]
         verdict = detect_hacking([p for p, _ in points], [h for _, h in points], **self.settings)
-        if not verdict.flagged:
-            self.flagged.discard(domain)
+        return self._flag(step, "train_heldout_divergence", domain, verdict.flagged,
+                          verdict.reason.replace("proxy", "training reward").replace("the independent check",
+                                                                                    "held-out accuracy"))
+
+    def checked(self, step: int, domain: str, reward: float, check: float) -> dict[str, Any] | None:
+        """Record the held-out reward and independent check of `domain`; a flag when the reward
+        newly rises without the check."""
+        verdict = self.checks.observe(domain, step, proxy=reward, check=check)
+        return self._flag(step, "reward_without_check_heldout", domain, verdict.flagged,
+                          verdict.reason.replace("proxy", "held-out reward"))
+
+    def _flag(self, step: int, kind: str, domain: str, flagged: bool, reason: str) -> dict[str, Any] | None:
+        """One flag per divergence episode, not one per evaluation."""
+        if not flagged:
+            self.flagged.discard((kind, domain))
             return None
-        if domain in self.flagged:
-            return None  # one flag per divergence episode, not one per evaluation
-        self.flagged.add(domain)
-        return {"step": step, "kind": "train_heldout_divergence", "task_id": None, "domain": domain,
-                "reason": verdict.reason.replace("proxy", "training reward").replace("the independent check",
-                                                                                    "held-out accuracy")}
+        if (kind, domain) in self.flagged:
+            return None
+        self.flagged.add((kind, domain))
+        return {"step": step, "kind": kind, "task_id": None, "domain": domain, "reason": reason}

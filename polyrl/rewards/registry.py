@@ -13,6 +13,8 @@ _VERIFIERS: dict[str, str] = {
     "answer_verify": "polyrl.rewards.answer_verify:AnswerVerify",
     "unit_test_pass": "polyrl.rewards.unit_test_pass:UnitTestPass",
     "success_minus_cost": "polyrl.rewards.success_minus_cost:SuccessMinusCost",
+    "preference_model": "polyrl.rewards.preference_model:PreferenceModel",
+    "rule_check": "polyrl.rewards.alignment_rules:AlignmentRules",
 }
 
 

@@ -30,6 +30,10 @@ class Display:
                     f"entropy {_fmt(m['entropy'], '.3f')}  len {m['response_length']:5.1f}  "
                     f"dropped {m['dropped_zero_variance']}/{m['groups']}")
             self.bar.write((head if i == 0 else " " * len(head)) + "  " + line)
+        moved = record.get("curriculum_update")
+        if moved:
+            for d, w in moved["weights"].items():
+                self.bar.write(f"  curriculum  {d:>10}  {record['weights'].get(d, 0):.3f} -> {w:.3f}  {moved['reasons'][d]}")
         reward = sum(m["reward"] for m in record["domains"].values()) / max(len(record["domains"]), 1)
         self.bar.set_postfix(reward=f"{reward:.3f}")
         self.bar.update(1)

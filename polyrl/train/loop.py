@@ -3,6 +3,13 @@
 One synchronous GRPO step per iteration. The engine holds its own copy of the policy
 and receives new weights (with a version) after every optimizer step, exactly as a
 remote or vLLM engine would, so nothing here assumes rollouts come from this process.
+
+Two controls sit around the step. The domain shares of each batch come from the
+curriculum (static: the run file's weights; capability_curve: moved after every
+held-out evaluation, rl/curriculum.py), and each domain's KL coefficient from its own
+controller (rl/kl_control.py: adaptive toward rl_tasks[].kl_target, else fixed). Both
+are logged on every metrics line with the reason for their values, and saved in the
+state for resume.
 """
 
 from __future__ import annotations
@@ -20,7 +27,8 @@ from polyrl.engine.factory import build_engine
 from polyrl.engine.stats import counter_delta, engine_counters
 from polyrl.models.hf_io import save_pretrained
 from polyrl.rl.advantages import group_advantages, zero_variance_groups
-from polyrl.rl.curriculum import allocate
+from polyrl.rl.curriculum import CapabilityCurriculum, allocate
+from polyrl.rl.kl_control import PerDomainKL
 from polyrl.rl.loss import clipped_tokens, kl_k3, kl_penalty, masked_mean, policy_loss
 from polyrl.rl.overlong import overlong_mask, overlong_rewards
 from polyrl.obs.store import ObsStore
@@ -32,7 +40,7 @@ from polyrl.train.batch import build_batch, token_entropy, token_logprobs
 from polyrl.train.display import Display
 from polyrl.train.evaluate import evaluate
 from polyrl.train.run_dir import RunDir
-from polyrl.train.setup import Domains, build_domains, load_policy, resolve_model_dir, step_seed
+from polyrl.train.setup import Domains, build_curriculum, build_domains, load_policy, resolve_model_dir, step_seed
 
 
 @dataclass
@@ -59,6 +67,8 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, log: Callab
     doms = build_domains(cfg, ExecutionLog(rd.executions))
     obs = ObsStore.in_run_dir(rd.path) if doms.agents.toolbox_for else None  # agent calls, tools, verdicts
     doms.agents.recorder, doms.agents.context_window = obs, policy.cfg.max_position_embeddings
+    curriculum = build_curriculum(cfg, doms.weights)  # None: static weights
+    kl = PerDomainKL(doms.kl_coef, doms.kl_target, cfg.trainer.kl_horizon)
     uses_kl = any(c > 0 for c in doms.kl_coef.values())
     ref = copy.deepcopy(policy).eval().requires_grad_(False) if uses_kl else None
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.trainer.lr, betas=(0.9, 0.99),
@@ -68,7 +78,7 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, log: Callab
     def run_eval(step: int) -> dict:
         return evaluate(engine, tokenizer, heldout, doms.verifiers, doms.verifier_of,
                         {d: replace(p, seed=step_seed(cfg.seed, step, "eval")) for d, p in doms.eval_sampling.items()},
-                        cfg.eval.samples, cfg.eval.greedy, doms.agents, f"eval{step}")
+                        cfg.eval.samples, cfg.eval.greedy, doms.agents, f"eval{step}", doms.check_of)
 
     state = rd.load_state() if resume else None
     if state is None:
@@ -76,13 +86,20 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, log: Callab
         log(f"evaluating the base model on {cfg.eval.heldout_per_domain} held-out tasks per domain")
         before = run_eval(0)
         rd.write_json(rd.eval_file("before"), before)
-        start_step, clock = 0, 0.0
+        if curriculum:
+            curriculum.update(0, capability(before))
+        start_step, clock, rollout_tokens = 0, 0.0, 0
     else:
         policy.load_state_dict(state["policy"])
         optimizer.load_state_dict(state["optimizer"])
         engine.update_weights(policy.state_dict(), version=state["step"])
         rd.truncate_after(state["step"])
         before, start_step, clock = rd.read_json(rd.eval_file("before")), state["step"], state["clock"]
+        rollout_tokens = state.get("rollout_tokens", 0)
+        if curriculum and state.get("curriculum"):
+            curriculum = CapabilityCurriculum.from_state(state["curriculum"], curriculum.settings)
+        if state.get("kl"):
+            kl = PerDomainKL.from_state(state["kl"])
         log(f"resuming {rd.path} at step {start_step}")
 
     display = Display(cfg.trainer.steps, start_step, before, log)
@@ -92,15 +109,20 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, log: Callab
         if cfg.trainer.max_minutes and clock >= cfg.trainer.max_minutes * 60:
             log(f"stopping at step {step}: trainer.max_minutes={cfg.trainer.max_minutes} reached")
             break
+        if cfg.trainer.max_rollout_tokens and rollout_tokens >= cfg.trainer.max_rollout_tokens:
+            log(f"stopping at step {step}: trainer.max_rollout_tokens={cfg.trainer.max_rollout_tokens} reached")
+            break
         t0 = time.perf_counter()
         counters0 = engine_counters(engine)
         # 1. rollout: this step's prompts, G samples each
-        counts = allocate(cfg.trainer.prompts_per_step, doms.weights)
+        weights, weight_reasons = (curriculum.weights, curriculum.reasons) if curriculum else (doms.weights, None)
+        counts = allocate(cfg.trainer.prompts_per_step, weights)
         tasks = [t for d, k in counts.items() for t in doms.domains[d].sample("train", k, step_seed(cfg.seed, step, d))]
         sampling = {d: replace(p, seed=step_seed(cfg.seed, step, "rollout")) for d, p in doms.sampling.items()}
         groups = rollout_groups(engine, tokenizer, tasks, cfg.trainer.group_size, sampling, doms.agents, f"s{step}")
         t1 = time.perf_counter()
         rollout_counters = counter_delta(counters0, engine_counters(engine))
+        rollout_tokens += sum(len(c.token_ids) for g in groups for c in g.completions)
         # 2. reward
         score_groups(groups, doms.verifiers, doms.verifier_of)
         record_episodes(groups, obs)
@@ -112,27 +134,39 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, log: Callab
         adv = group_advantages(rewards, [g.task.domain for g in groups])
         keep = [i for i in range(len(groups)) if not flat[i]]
         # 4. loss and optimizer step
-        stats = {}
+        stats, coefs = {}, dict(kl.coefs)
         if keep:
             kept = [groups[i] for i in keep]
-            weights = [overlong_mask([c.finish_reason for c in g.completions], cfg.trainer.overlong) for g in kept]
-            batch = build_batch(kept, [adv[i].tolist() for i in keep], weights, doms.kl_coef)
+            masks = [overlong_mask([c.finish_reason for c in g.completions], cfg.trainer.overlong) for g in kept]
+            batch = build_batch(kept, [adv[i].tolist() for i in keep], masks, coefs)
             stats = update(policy, ref, optimizer, batch, cfg, step)
             engine.update_weights(policy.state_dict(), version=step + 1)
+            kl.update({d: stats[d]["kl"] for d in counts if d in stats},
+                      {d: sum(len(g.completions) for g in kept if g.task.domain == d) for d in counts})
         t3 = time.perf_counter()
         clock += t3 - t0
 
         record = step_metrics(step, groups, flat, stats, {"rollout": t1 - t0, "reward": t2 - t1, "update": t3 - t2},
                               rollout_counters)
+        record["rollout_tokens"] = rollout_tokens
+        record["weights"] = {d: round(w, 4) for d, w in sorted(weights.items())}
+        record["weight_reasons"] = weight_reasons or {d: "static: the run file's weight" for d in weights}
+        record["kl_coef"] = {d: coefs[d] for d in sorted(coefs)}
+        record["kl_coef_reasons"] = dict(kl.reasons)
         if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < cfg.trainer.steps:
             record["eval"] = run_eval(step + 1)
+            if curriculum:  # the shares of the steps from here to the next evaluation
+                moved = curriculum.update(step + 1, capability(record["eval"]))
+                record["curriculum_update"] = {"weights": {d: round(w, 4) for d, w in sorted(moved.weights.items())},
+                                               "reasons": moved.reasons}
         rd.append(rd.metrics, [record])
         rd.append(rd.trajectories, trajectory_records(step, groups))
         rd.append(rd.flags, monitor.step(step, groups, record, doms.verifier_of))
         if (step + 1) % cfg.trainer.checkpoint_every == 0:
             save_checkpoint(rd, policy, model_dir, f"step-{step + 1:06d}")
-        rd.save_state({"step": step + 1, "clock": clock, "policy": policy.state_dict(),
-                       "optimizer": optimizer.state_dict()})
+        rd.save_state({"step": step + 1, "clock": clock, "rollout_tokens": rollout_tokens,
+                       "policy": policy.state_dict(), "optimizer": optimizer.state_dict(),
+                       "curriculum": curriculum.state_dict() if curriculum else None, "kl": kl.state_dict()})
         display.step(record)
         steps_done = step + 1
         if stop_after is not None and steps_done - start_step >= stop_after:
@@ -151,6 +185,11 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, log: Callab
         obs.close()
     display.summary(before, after, rd.path, clock)
     return TrainResult(rd.path, steps_done, before, after, clock)
+
+
+def capability(evaluation: dict[str, dict]) -> dict[str, float]:
+    """What the curriculum tracks of an evaluation: each domain's held-out mean reward."""
+    return {d: r["accuracy"] for d, r in evaluation.items()}
 
 
 def update(policy, ref, optimizer, batch, cfg: RunConfig, step: int) -> dict:

@@ -19,6 +19,7 @@ from polyrl.models.tokenizer import Tokenizer
 from polyrl.models.transformer import Transformer
 from polyrl.rewards.base import Verifier
 from polyrl.rewards.registry import get_verifier
+from polyrl.rl.curriculum import CapabilityCurriculum, CurveSettings
 from polyrl.rollout.dispatch import AgentRollout
 from polyrl.sandbox.execution_log import ExecutionLog
 
@@ -56,7 +57,9 @@ class Domains:
     weights: dict[str, float]
     verifier_of: dict[str, str]          # domain -> default verifier key
     verifiers: dict[str, Verifier]       # verifier key -> live verifier (key: name, or name@domain with options)
-    kl_coef: dict[str, float]
+    kl_coef: dict[str, float]            # starting KL coefficient per domain
+    kl_target: dict[str, float | None]   # per-token KL target (adaptive coefficient), None = fixed
+    check_of: dict[str, str]             # domain -> independent check's verifier key (domains that have one)
     sampling: dict[str, SamplingParams]  # rollout sampling per domain (seed set per step)
     eval_sampling: dict[str, SamplingParams]
     agents: AgentRollout                 # the domains that roll out as multi-turn episodes
@@ -73,6 +76,7 @@ def build_domains(cfg: RunConfig, execution_log: ExecutionLog | None = None) -> 
     from polyrl.quality.quarantine import QuarantinedDomain, drop_quarantined, read_quarantine
 
     domains, weights, verifier_of, kl, sampling, eval_sampling = {}, {}, {}, {}, {}, {}
+    kl_target, check_of = {}, {}
     names: set[str] = set()
     agents = AgentRollout({}, {})
     options: dict[str, tuple[str, dict]] = {}  # verifier key -> (name, options)
@@ -103,17 +107,29 @@ def build_domains(cfg: RunConfig, execution_log: ExecutionLog | None = None) -> 
         name = t.reward or domain.default_verifier
         verifier_of[t.domain] = f"{name}@{t.domain}" if t.reward_options else name
         options[verifier_of[t.domain]] = (name, t.reward_options)
+        check = t.check or getattr(domain, "default_check", None)
+        if check:
+            check_of[t.domain] = check
+            options.setdefault(check, (check, {}))
         toolbox = getattr(domain, "toolbox", None)  # a domain with tools rolls out as episodes
         if toolbox is not None:
             agents.toolbox_for[t.domain], agents.max_steps[t.domain] = toolbox, t.max_steps
         kl[t.domain] = cfg.trainer.kl_coef if t.kl_coef is None else t.kl_coef
+        kl_target[t.domain] = t.kl_target
         max_tokens = t.max_tokens or cfg.engine.max_tokens
         sampling[t.domain] = SamplingParams(temperature=cfg.engine.temperature, top_p=cfg.engine.top_p,
                                             top_k=cfg.engine.top_k, max_tokens=max_tokens)
         eval_sampling[t.domain] = replace(sampling[t.domain], max_tokens=cfg.eval.max_tokens or max_tokens)
     options.update((n, (n, {})) for n in names if n not in options)
     verifiers = {key: _verifier(name, opts, execution_log) for key, (name, opts) in sorted(options.items())}
-    return Domains(domains, weights, verifier_of, verifiers, kl, sampling, eval_sampling, agents)
+    return Domains(domains, weights, verifier_of, verifiers, kl, kl_target, check_of, sampling, eval_sampling, agents)
+
+
+def build_curriculum(cfg: RunConfig, weights: dict[str, float]) -> CapabilityCurriculum | None:
+    """The capability-curve curriculum over the run's domains; None for `curriculum: static`."""
+    if cfg.curriculum == "static":
+        return None
+    return CapabilityCurriculum(weights, CurveSettings(**cfg.capability_curve.model_dump()))
 
 
 def _verifier(name: str, options: dict, execution_log: ExecutionLog | None) -> Verifier:
