@@ -75,13 +75,22 @@ def n_params(model: torch.nn.Module) -> int:
 
 
 def machine_bound() -> dict:
-    """Measured fp32 matmul FLOP/s (best of 2048^2 GEMMs) and copy bandwidth (read + write)."""
+    """Measured fp32 matmul FLOP/s (the best of 2048^2 GEMMs by MKL, torch.mm, and by oneDNN on a
+    packed weight, the two kernels polyrl's engine uses) and copy bandwidth (read + write)."""
+    from polyrl.engine.runner.packed_linear import packed_linear_works
+
     a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    kernels = [lambda: torch.mm(a, b)]
+    if packed_linear_works():
+        packed = torch.ops.mkldnn._reorder_linear_weight(b, None)
+        kernels.append(lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], ""))
     best = float("inf")
-    for _ in range(5):
-        t = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - t)
+    for kernel in kernels:
+        kernel()
+        for _ in range(5):
+            t = time.perf_counter()
+            kernel()
+            best = min(best, time.perf_counter() - t)
     src, dst = torch.randn(64 * 2**20), torch.empty(64 * 2**20)  # 256 MiB each
     dst.copy_(src)
     bw = 0.0

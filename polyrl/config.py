@@ -111,6 +111,10 @@ class NativeEngineConfig(BaseModel):
     """share KV blocks between requests with equal prefixes (a GRPO group's prompt, agent turns)"""
     contiguous_decode: bool = True
     """also keep decoding sequences' keys/values in contiguous rows: faster decode, that memory twice"""
+    packed_linear: bool = True
+    """run large linear layers on oneDNN-packed weight copies (CPU, float32): faster skinny products"""
+    decode_burst: int = Field(8, gt=0)
+    """most decode passes run back to back without rescheduling while nothing waits; 1 = reschedule every token"""
 
 
 class EngineConfig(BaseModel):

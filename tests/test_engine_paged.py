@@ -2,6 +2,7 @@
 chunked prefill, preemption), logprobs = trainer recompute, ref counts back to zero."""
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -104,6 +105,45 @@ def test_seeded_samples_do_not_depend_on_cache_batching_or_preemption(setup):
     assert [c.token_ids for c in other] != tokens[0]
 
 
+def run_requests(eng: PagedEngine, requests: list) -> list:
+    """(prompt, SamplingParams, seed) requests through the step API -> Completions in order."""
+    ids = {eng.add_request(p, sp, seed=seed): i for i, (p, sp, seed) in enumerate(requests)}
+    out = {}
+    while eng.has_unfinished():
+        out.update((ids[rid], c) for rid, c in eng.step())
+    return [out[i] for i in range(len(requests))]
+
+
+def test_decode_bursts_equal_token_by_token_steps(setup):
+    tok, model, prompts = setup
+    requests = [(prompts[0], SamplingParams(temperature=0.9, max_tokens=13), 1),
+                (prompts[1], SamplingParams(temperature=1.2, top_k=7, top_p=0.9, max_tokens=5, logprobs=2), 2),
+                (prompts[2], SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True), 3),
+                (prompts[1], SamplingParams(temperature=0, max_tokens=11, logprobs=1), 4)]
+    first = run_requests(engine(model, tok, decode_burst=1), requests)
+    # A stop token and a stop string that the token-by-token run meets mid-way.
+    requests.append((prompts[2], replace(requests[2][1], stop_token_ids=(first[2].token_ids[6],)), 3))
+    requests.append((prompts[2], replace(requests[2][1], stop=(first[2].text[5:7],)), 3))
+    runs = {}
+    for burst in (1, 3, 8):
+        eng = engine(model, tok, block_size=4, decode_burst=burst)
+        runs[burst] = (run_requests(eng, requests), eng.counters.snapshot())
+        assert_all_free(eng)
+    (one, c1), (_, c3), (_, c8) = runs[1], runs[3], runs[8]
+    assert c8["steps"] == c1["steps"]  # the same passes, fewer trips through the scheduler
+    for key in ("prefill_tokens_computed", "decode_tokens", "scheduled_tokens"):
+        assert c1[key] == c3[key] == c8[key], key
+    assert one[4].finish_reason == "stop" and one[4].token_ids[-1] == first[2].token_ids[6]
+    assert one[5].finish_reason == "stop" and first[2].text[5:7] not in one[5].text
+    for burst in (3, 8):
+        for a, b in zip(one, runs[burst][0]):
+            assert (a.token_ids, a.finish_reason, a.text) == (b.token_ids, b.finish_reason, b.text)
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=1e-5, atol=1e-5)
+            assert (a.top_logprobs is None) == (b.top_logprobs is None)
+            for x, y in zip(a.top_logprobs or [], b.top_logprobs or []):
+                assert x.keys() == y.keys() and all(abs(x[t] - y[t]) < 1e-5 for t in x)
+
+
 def test_topk1_and_tiny_top_p_are_greedy_and_top_logprobs(setup):
     tok, model, prompts = setup
     eng = engine(model, tok)
@@ -191,7 +231,7 @@ def test_update_weights_versions_and_cache_reset(setup):
 def test_update_weights_with_requests_in_flight(setup, in_flight):
     tok, model, prompts = setup
     other = tiny_model(tok.vocab_size, seed=11)
-    eng = engine(model, tok, block_size=4)
+    eng = engine(model, tok, block_size=4, decode_burst=1)
     sp = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     eng.add_request(prompts[1], sp)
     for _ in range(4):  # prefill + 3 decodes: 4 tokens sampled under version 0
@@ -248,3 +288,28 @@ def test_run_file_chooses_paged_or_dense(setup, tmp_path):
     assert isinstance(paged, PagedEngine) and isinstance(dense, DenseEngine)
     with pytest.raises(ValueError, match="engine.backend"):
         build_engine(type("S", (), {"backend": "dense"})(), copy.deepcopy(model), tok, tmp_path)
+
+
+def test_packed_linear_layers_equal_the_plain_ones_and_follow_weight_updates(setup):
+    from polyrl.engine.runner.packed_linear import PackedLinear, pack_linears, packed_linear_works
+
+    if not packed_linear_works():
+        pytest.skip("this torch build has no oneDNN packed linear")
+    tok, model, prompts = setup
+    eng = engine(model, tok, block_size=4)
+    eng.packed = pack_linears(eng.model, min_elements=0)  # every layer, however small
+    assert eng.packed and all(isinstance(m, PackedLinear) for m in eng.packed)
+    assert set(eng.model.state_dict()) == set(model.state_dict())  # same names: update_weights still fits
+    sp = SamplingParams(temperature=0, max_tokens=10)
+    outs = eng.generate(prompts, 1, sp)
+    for p, c in zip(prompts, outs):
+        assert c.token_ids == naive_greedy(model, p, 10, set(tok.stop_token_ids()))
+        with torch.no_grad():
+            logits = model(torch.tensor([p + c.token_ids]))
+        lp = torch.log_softmax(logits[0, len(p) - 1:-1], -1).gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0]
+        torch.testing.assert_close(lp, torch.tensor(c.logprobs), rtol=1e-4, atol=1e-4)
+    other = tiny_model(tok.vocab_size, seed=11)
+    eng.update_weights(other.state_dict(), version=1)
+    c = eng.generate(prompts[:1], 1, sp)[0]
+    assert c.token_ids == naive_greedy(other, prompts[0], 10, set(tok.stop_token_ids()))
+    assert_all_free(eng)

@@ -20,19 +20,27 @@ def seq(i: int, tokens: list[int], max_tokens: int = 8) -> Sequence:
                     stop_ids=frozenset({EOS}))
 
 
-def fake_tokens(batch, rng: random.Random) -> list[int]:
-    """One token per sampling sequence: EOS now and then, else a token from 1..9."""
-    return [EOS if rng.random() < 0.05 else rng.randint(1, 9) for i in range(len(batch)) if batch.samples(i)]
+def fake_tokens(batch, rng: random.Random) -> list[list[int]]:
+    """Per sampling sequence, one token per pass (a burst has batch.steps): EOS now and
+    then, else a token from 1..9."""
+    return [[EOS if rng.random() < 0.05 else rng.randint(1, 9) for _ in range(batch.steps)]
+            for i in range(len(batch)) if batch.samples(i)]
 
 
-@pytest.mark.parametrize("num_blocks,budget,seats,caching", [
-    (8, 16, 4, True), (10, 5, 8, True), (64, 64, 64, False), (12, 9, 3, False), (30, 40, 16, True)])
-def test_scheduler_invariants_under_random_load(num_blocks, budget, seats, caching):
+def zeros_like(tokens: list[list[int]]) -> list[list[float]]:
+    return [[0.0] * len(t) for t in tokens]
+
+
+@pytest.mark.parametrize("num_blocks,budget,seats,caching,burst", [
+    (8, 16, 4, True, 1), (10, 5, 8, True, 1), (64, 64, 64, False, 1), (12, 9, 3, False, 1), (30, 40, 16, True, 1),
+    (8, 16, 4, True, 4), (12, 9, 3, False, 8), (30, 40, 16, True, 8)])
+def test_scheduler_invariants_under_random_load(num_blocks, budget, seats, caching, burst):
     rng = random.Random(num_blocks * 1000 + budget)
     bs = 4
     bm = BlockManager(num_blocks, bs, caching)
     counters = EngineCounters()
-    sched = Scheduler(bm, seats, budget, counters)
+    sched = Scheduler(bm, seats, budget, counters, decode_burst=burst)
+    bursts = 0
     shared = [rng.randint(1, 9) for _ in range(9)]
     pending = [seq(i, (shared if i % 2 else [])[: rng.randint(0, 9)] + [rng.randint(1, 9) for _ in range(rng.randint(1, 10))],
                    max_tokens=rng.randint(1, 10)) for i in range(30)]
@@ -47,14 +55,21 @@ def test_scheduler_invariants_under_random_load(num_blocks, budget, seats, cachi
             assert n >= 1 and s.num_computed_tokens + n <= len(s)
             assert len(s.block_table) * bs >= s.num_computed_tokens + n  # blocks cover what is written
             assert s.num_cached_tokens % bs == 0
-        sched.postprocess(batch, fake_tokens(batch, rng), [0.0] * sum(batch.samples(i) for i in range(len(batch))),
-                          None, version=0)
+        if batch.steps > 1:  # a burst: decodes only, nobody waiting, blocks for every kept pass
+            bursts += 1
+            assert batch.steps <= burst and not sched.waiting and batch.num_tokens == len(batch)
+            for s, keep in zip(batch.seqs, batch.burst_tokens):
+                assert 1 <= keep <= min(batch.steps, s.params.max_tokens - s.num_completion_tokens)
+                assert len(s.block_table) * bs >= s.num_computed_tokens + keep
+        tokens = fake_tokens(batch, rng)
+        sched.postprocess(batch, tokens, zeros_like(tokens), None, version=0)
         bm.check_invariants(sched.running)
         finished += sched.pop_finished()
         if not pending and not sched.has_unfinished():
             break
         assert batch.seqs or not sched.running, "stalled with running sequences"
     assert len(finished) == 30 and not sched.has_unfinished()
+    assert (bursts > 0) == (burst > 1)
     for s in finished:
         assert s.finish_reason in ("stop", "length") and not s.block_table
         assert 1 <= s.num_completion_tokens <= s.params.max_tokens
@@ -137,8 +152,8 @@ def test_preemption_when_blocks_run_out_then_everyone_finishes():
     rng = random.Random(0)
     while sched.has_unfinished():
         batch = sched.schedule()
-        tokens = [rng.randint(1, 9) for i in range(len(batch)) if batch.samples(i)]
-        sched.postprocess(batch, tokens, [0.0] * len(tokens), None, 0)
+        tokens = [[rng.randint(1, 9)] for i in range(len(batch)) if batch.samples(i)]
+        sched.postprocess(batch, tokens, zeros_like(tokens), None, 0)
         bm.check_invariants(sched.running)
     assert counters.preemptions > 0
     assert all(s.finish_reason == "length" and s.num_completion_tokens == 6 for s in seqs)

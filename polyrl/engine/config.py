@@ -27,8 +27,14 @@ class PagedConfig:
     """Keep decoding sequences' K/V also in contiguous rows (runner/decode_cache.py), so decode
     attention reads them in place instead of gathering blocks every step; costs that memory twice."""
 
+    packed_linear: bool = True
+    """Run large linear layers on oneDNN-packed weight copies (CPU, float32; runner/packed_linear.py)."""
+    decode_burst: int = 8
+    """Most forward passes run back to back, without rescheduling, while every running sequence
+    decodes and none waits (scheduler.py); 1 = reschedule after every token."""
+
     def __post_init__(self) -> None:
-        for name in ("block_size", "kv_cache_mb", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("block_size", "kv_cache_mb", "max_num_seqs", "max_num_batched_tokens", "decode_burst"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"engine.native.{name}: got {value!r}; must be a positive integer")

@@ -5,7 +5,10 @@ run (runner/: one forward pass over the packed tokens, attention over block tabl
 per-row sampling) -> postprocess (append tokens, finish sequences, free blocks) ->
 collect the finished. `generate` adds a batch of requests and steps until they are
 done; `add_request` / `step` serve callers that want requests to join and leave
-between steps (an asynchronous rollout pipeline, a server).
+between steps (an asynchronous rollout pipeline, a server). While every running
+sequence decodes and none waits, one step is a decode burst of up to
+`PagedConfig.decode_burst` forward passes (scheduler.py), so a step may add several
+tokens to each sequence.
 
 Weight updates (`update_weights`) copy new tensors into the model in place and set
 `weight_version`. A `generate` call runs entirely on one version. Requests in flight
@@ -41,6 +44,7 @@ from polyrl.engine.base import SamplingParams, copy_weights_
 from polyrl.engine.block_manager import BlockManager
 from polyrl.engine.config import PagedConfig
 from polyrl.engine.runner.model_runner import ModelRunner
+from polyrl.engine.runner.packed_linear import pack_linears
 from polyrl.engine.sampler import request_seed
 from polyrl.engine.scheduler import Scheduler
 from polyrl.engine.sequence import Sequence
@@ -67,7 +71,9 @@ class PagedEngine:
         self.counters = EngineCounters()
         self.block_manager = BlockManager(self.num_blocks, self.config.block_size, self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs, self.config.max_num_batched_tokens,
-                                   self.counters, stop_text=self._hits_stop_string)
+                                   self.counters, stop_text=self._hits_stop_string,
+                                   decode_burst=self.config.decode_burst)
+        self.packed = pack_linears(self.model) if self.config.packed_linear else []
         self.runner = ModelRunner(model, self.num_blocks, self.config.block_size, self.config.contiguous_decode)
         self._eos = frozenset(tokenizer.stop_token_ids())
         self._ids = itertools.count()
@@ -132,6 +138,8 @@ class PagedEngine:
         if in_flight not in ("keep", "recompute"):
             raise ValueError(f"in_flight: got {in_flight!r}; must be 'keep' or 'recompute'")
         copy_weights_(self.model, weights)
+        for linear in self.packed:
+            linear.repack()
         self.weight_version = version
         if in_flight == "recompute":
             self.scheduler.preempt_all()

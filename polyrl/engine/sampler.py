@@ -89,23 +89,23 @@ def sample_batch(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     if bool(greedy.all()):
         tokens = logits.argmax(dim=-1)
         return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1), logprobs
-    if top_k is None and top_p is None:
-        cdf = logprobs.exp().cumsum(dim=-1)  # (M, V)
-        order = None
-    else:
-        sorted_lp, order = logprobs.sort(dim=-1, descending=True)  # (M, V)
-        probs = sorted_lp.exp()
-        keep = torch.ones_like(probs, dtype=torch.bool)
+    probs = logprobs.exp()  # (M, V)
+    if top_k is not None or top_p is not None:
+        # Truncation is decided in sorted order and applied in vocabulary order, so that the
+        # CDF is always taken in vocabulary order: a row's sample never depends on whether
+        # another row in the batch truncates.
+        sorted_probs, order = probs.sort(dim=-1, descending=True)  # (M, V)
+        keep = torch.ones_like(sorted_probs, dtype=torch.bool)
         if top_k is not None:
             rank = torch.arange(probs.shape[-1])[None, :]
             keep &= (rank < top_k[:, None]) | (top_k[:, None] == 0)
         if top_p is not None:
-            keep &= (probs.cumsum(dim=-1) - probs) < top_p[:, None]  # mass before a token < top_p
-        cdf = probs.masked_fill(~keep, 0.0).cumsum(dim=-1)
+            keep &= (sorted_probs.cumsum(dim=-1) - sorted_probs) < top_p[:, None]  # mass before a token < top_p
+        probs = probs.masked_fill(~torch.empty_like(keep).scatter_(-1, order, keep), 0.0)
+    cdf = probs.cumsum(dim=-1)  # (M, V)
     # First index whose cdf reaches u * total: a zero-probability token never does first,
     # and u < 1 keeps the target within the last cdf value.
     target = (u * cdf[:, -1].double()).float()[:, None]  # (M, 1)
-    idx = torch.searchsorted(cdf, target).clamp_(max=cdf.shape[-1] - 1).squeeze(-1)  # (M,)
-    sampled = idx if order is None else order.gather(-1, idx[:, None]).squeeze(-1)
+    sampled = torch.searchsorted(cdf, target).clamp_(max=cdf.shape[-1] - 1).squeeze(-1)  # (M,)
     tokens = torch.where(greedy, logits.argmax(dim=-1), sampled) if bool(greedy.any()) else sampled
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1), logprobs

@@ -12,8 +12,16 @@ prefix cache until reused) and it goes back to the head of the waiting queue wit
 sampled tokens. A sequence alone in the pool that still cannot grow ends with
 finish_reason "length": the engine never runs out of memory and never stalls.
 
+Decode bursts. When every scheduled sequence decodes and nobody waits, rescheduling
+between tokens would only repeat the same decision, so the step becomes a burst of up
+to `decode_burst` forward passes run back to back (the runner feeds each pass the
+previous pass's samples). Blocks for the passes a sequence may keep (its max_tokens
+left) are allocated up front, halving the burst until they fit; postprocess appends the
+tokens one by one with the usual stop checks and drops what a sequence sampled after
+it stopped. A request added meanwhile waits for the end of the burst.
+
 Out of scope: priorities, fairness between callers, swapping KV to host memory,
-speculative steps (several tokens per sequence per step).
+speculative steps (several draft tokens verified per pass).
 """
 
 from __future__ import annotations
@@ -34,6 +42,12 @@ class ScheduledBatch:
     """Query tokens of each sequence this step: positions num_computed .. num_computed + n."""
     sampling: list[bool] = field(default_factory=list)
     """Does the sequence sample a token after this step (its chunk reaches its last token)?"""
+    steps: int = 1
+    """Forward passes to run back to back: > 1 is a decode burst (every sequence decodes,
+    one token per pass, each pass's input being the previous pass's sample)."""
+    burst_tokens: list[int] = field(default_factory=list)
+    """In a burst: per sequence, the passes whose samples it may keep (at most `steps`,
+    at most its max_tokens left); its KV slots are allocated for exactly these."""
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -48,8 +62,11 @@ class ScheduledBatch:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 counters: EngineCounters, stop_text: Callable[[Sequence], bool] | None = None) -> None:
+                 counters: EngineCounters, stop_text: Callable[[Sequence], bool] | None = None,
+                 decode_burst: int = 1) -> None:
+        assert decode_burst >= 1
         self.block_manager = block_manager
+        self.decode_burst = decode_burst
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.counters = counters
@@ -129,11 +146,30 @@ class Scheduler:
             self._schedule(batch, seq, n)
             budget -= n
 
+        if (self.decode_burst > 1 and batch.seqs and not self.waiting and not preempted
+                and batch.num_tokens == len(batch.seqs) and all(batch.sampling)):
+            self._plan_burst(batch)
         if batch.seqs:
             self.counters.steps += 1
             self.counters.scheduled_seqs += len(batch.seqs)
             self.counters.scheduled_tokens += batch.num_tokens
         return batch
+
+    def _plan_burst(self, batch: ScheduledBatch) -> None:
+        """Turn a decode-only step into a burst of passes, as long as blocks allow."""
+        bm = self.block_manager
+        left = [seq.params.max_tokens - seq.num_completion_tokens for seq in batch.seqs]
+        steps = min(self.decode_burst, max(left))
+        while steps > 1:
+            keep = [min(steps, n) for n in left]
+            need = sum(max(0, bm.blocks_for(s.num_computed_tokens + k) - len(s.block_table))
+                       for s, k in zip(batch.seqs, keep))
+            if need <= bm.num_free_blocks:
+                for s, k in zip(batch.seqs, keep):
+                    bm.append_blocks(s, s.num_computed_tokens + k)
+                batch.steps, batch.burst_tokens = steps, keep
+                return
+            steps //= 2
 
     def _schedule(self, batch: ScheduledBatch, seq: Sequence, n: int) -> None:
         end, total = seq.num_computed_tokens + n, len(seq.token_ids)
@@ -148,23 +184,38 @@ class Scheduler:
         batch.num_new_tokens.append(n)
         batch.sampling.append(end == total)
 
-    def postprocess(self, batch: ScheduledBatch, tokens: list[int], logprobs: list[float],
-                    top: list[dict[int, float]] | None, version: int) -> None:
-        """Advance computed counts; append the sampled tokens (one per sampling sequence,
-        in batch order) and finish sequences that stop."""
+    def postprocess(self, batch: ScheduledBatch, tokens: list[list[int]], logprobs: list[list[float]],
+                    top: list[list[dict[int, float]]] | None, version: int) -> None:
+        """Advance computed counts; append the sampled tokens (per sampling sequence, in batch
+        order, one list each: one token, or a burst's passes) and finish sequences that stop.
+        A sequence that stops inside a burst drops the tokens it sampled after stopping."""
         k = 0
+        extra = 0  # tokens kept from a burst's passes after the first
         for seq, n, samples in zip(batch.seqs, batch.num_new_tokens, batch.sampling):
-            seq.num_computed_tokens += n
             if not samples:
+                seq.num_computed_tokens += n
                 continue
-            seq.append_token(tokens[k], logprobs[k], top[k] if top is not None else None, version)
+            reason = None
+            for j, token in enumerate(tokens[k]):
+                seq.num_computed_tokens += n if j == 0 else 1
+                seq.append_token(token, logprobs[k][j], top[k][j] if top is not None else None, version)
+                extra += j > 0
+                reason = seq.stop_reason()
+                if reason is None and seq.params.stop and self.stop_text is not None and self.stop_text(seq):
+                    reason = "stop"
+                if reason is not None:
+                    break
             k += 1
-            reason = seq.stop_reason()
-            if reason is None and seq.params.stop and self.stop_text is not None and self.stop_text(seq):
-                reason = "stop"
+            if batch.steps > 1:  # offer the blocks the burst filled (an agent's next turn reuses them)
+                self.block_manager.register_full_blocks(seq, seq.num_computed_tokens)
             if reason is not None:
                 self._finish(seq, reason)
         assert k == len(tokens)
+        if batch.steps > 1:
+            self.counters.steps += max(len(t) for t in tokens) - 1
+            self.counters.decode_tokens += extra
+            self.counters.scheduled_seqs += extra
+            self.counters.scheduled_tokens += extra
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         seq.finish_reason = reason

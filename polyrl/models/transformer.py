@@ -31,6 +31,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # the same math, one fused kernel
         # Normalise in float32 and scale in the input dtype, exactly as HF does.
         dtype = x.dtype
         x = x.float()
@@ -39,22 +41,22 @@ class RMSNorm(nn.Module):
 
 
 def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """positions (B, T) -> cos, sin (B, T, hd), computed in float32 then cast to dtype."""
+    """positions (B, T) -> cos, sin (B, T, hd), computed in float32 then cast to dtype, in
+    HF's rotate_half layout except that the first half of sin is negated (see apply_rope)."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
     freqs = positions[..., None].float() * inv_freq  # (B, T, hd/2)
-    emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, hd): the rotate_half layout
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def rotate_half(x: Tensor) -> Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+    sin = freqs.sin()
+    return torch.cat((freqs, freqs), dim=-1).cos().to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x (B, nh, T, hd); cos, sin (B, T, hd)."""
+    """x (B, nh, T, hd); cos, sin (B, T, hd) from rope_cos_sin.
+
+    HF's x * cos + rotate_half(x) * sin with rotate_half(x) = (-x2, x1), written as
+    roll(x) = (x2, x1) times a sin whose first half is negated: the same products (a
+    negation is exact), bit for bit, in fewer operations."""
     cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, hd): broadcast over heads
-    return x * cos + rotate_half(x) * sin
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
 class Attention(nn.Module):

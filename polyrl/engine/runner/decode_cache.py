@@ -48,9 +48,10 @@ class DecodeCache:
         self.owner: list[tuple[int, int] | None] = []  # (seq_id, admission) of each row
         self.row_of: dict[tuple[int, int], int] = {}
 
-    def rows_for(self, seqs: list[Sequence]) -> tuple[Tensor, int, PendingFill | None]:
+    def rows_for(self, seqs: list[Sequence], lookahead: int = 0) -> tuple[Tensor, int, PendingFill | None]:
         """Rows (S,) holding the context of each decoding sequence, the number of rows in
         use R (attention runs over rows [0, R)), and the rows still to fill from the pool.
+        Rows have room for `lookahead` more positions than this step writes (a decode burst).
 
         The fill is left to the attention backend, layer by layer, after it has written
         the step's new K/V to the pool: a sequence whose prompt shares blocks that another
@@ -65,7 +66,7 @@ class DecodeCache:
             self.owner.pop()
         if len(self.owner) > 8 and len(self.row_of) * 2 < len(self.owner):
             self._compact()
-        need = max(s.num_computed_tokens + 1 for s in seqs)
+        need = max(s.num_computed_tokens + 1 for s in seqs) + lookahead
         self._ensure(len(self.owner) + sum(k not in self.row_of for k in keys), need)
         fresh = [(s, k) for s, k in zip(seqs, keys) if k not in self.row_of]
         pending = self._assign(fresh) if fresh else None
@@ -93,6 +94,16 @@ class DecodeCache:
             _, _, n_kv, hd = src.shape
             g = src.index_select(0, fill.tables).view(len(fill.rows), fill.span, n_kv, hd)[:, :fill.length]
             dst[:, :, :fill.length].index_copy_(0, fill.rows, g.transpose(1, 2))
+
+    def write_back(self, rows: Tensor, positions: Tensor, slots: Tensor) -> None:
+        """Copy the K/V at positions (P, S) of rows (S,) to the pool's slots (P, S), every
+        layer at once: a decode burst writes its new K/V to the rows only, and the pool once
+        at its end."""
+        r = rows[None, :].expand_as(positions).reshape(-1)  # (P * S,)
+        for src, dst in ((self.k, self.pool.k), (self.v, self.pool.v)):
+            layers, _, _, n_kv, hd = dst.shape
+            new = src[:, r, :, positions.reshape(-1)]  # (P * S, layers, n_kv, hd): advanced indices first
+            dst.view(layers, -1, n_kv, hd).index_copy_(1, slots.reshape(-1), new.transpose(0, 1))
 
     def _ensure(self, rows: int, length: int) -> None:
         R, L = self.k.shape[1], self.k.shape[3]

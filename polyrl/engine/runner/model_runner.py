@@ -6,6 +6,13 @@ are computed only at the positions that sample (the last token of each sequence 
 chunk reaches its end), and sampling is per row: each sequence brings its own
 temperature, top-k, top-p, seed and top-logprob count.
 
+A decode burst (ScheduledBatch.steps > 1) runs its passes back to back without going
+back to the scheduler: slots, masks, cache write positions and sampling noise for every
+pass are computed once up front as (passes, S) tensors, each pass feeds the previous
+pass's samples back in, and the burst ends early once every sequence has hit a stop
+token or its last kept pass. Per pass that leaves the model's own operators and the
+sampler; per token, no Python at all until postprocess.
+
 Out of scope: tensor parallelism, CUDA graphs, asynchronous scheduling (preparing step
 t+1 while step t runs); on GPU those are the vLLM backend's job.
 """
@@ -27,11 +34,13 @@ from polyrl.models.transformer import Transformer
 
 @dataclass
 class StepOutput:
-    """Samples of the sequences that sample this step, in batch order."""
+    """Samples of the sequences that sample this step, in batch order, a list each: one
+    token, or one per pass of a decode burst (a sequence's tokens after its stop included:
+    postprocess drops them)."""
 
-    tokens: list[int]
-    logprobs: list[float]
-    top_logprobs: list[dict[int, float]] | None
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    top_logprobs: list[list[dict[int, float]]] | None
 
 
 class ModelRunner:
@@ -46,6 +55,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepOutput:
+        if batch.steps > 1:
+            return self._run_burst(batch)
         ids, positions, slots, sample_rows = self._pack(batch)
         self.attention.slot_mapping = slots
         self.attention.groups = self._groups(batch)
@@ -55,7 +66,68 @@ class ModelRunner:
         if sample_rows is not None:
             hidden = hidden.index_select(0, sample_rows)  # (M, D)
         logits = self.model.lm_head(hidden).float()  # (M, V)
-        return self._sample(logits, [s for s, f in zip(batch.seqs, batch.sampling) if f])
+        rows = RowSampling([s for s, f in zip(batch.seqs, batch.sampling) if f])
+        tokens, logprobs, top = rows.sample(logits, rows.uniforms(1)[0])
+        return StepOutput([[t] for t in tokens.tolist()], [[lp] for lp in logprobs.tolist()],
+                          rows.top_dicts(top[None]) if top is not None else None)
+
+    def _run_burst(self, batch: ScheduledBatch) -> StepOutput:
+        """batch.steps decode passes back to back; see the module docstring."""
+        seqs, K = batch.seqs, batch.steps
+        bs = self.block_size
+        pass_ = torch.arange(K)[:, None]  # (K, 1)
+        pos = torch.tensor([s.num_computed_tokens for s in seqs])[None, :] + pass_  # (K, S) input positions
+        keep = torch.tensor(batch.burst_tokens)  # (S,)
+        cached = torch.tensor([s.num_cached_tokens for s in seqs])  # (S,)
+        tables = self._tables(seqs)  # (S, nb)
+        block = tables.gather(1, (pos // bs).clamp(max=tables.shape[1] - 1).T).T  # (K, S)
+        # Passes a sequence does not keep write to the scratch slot, as do cached positions.
+        slots = torch.where((pass_ < keep) & (pos >= cached), block * bs + pos % bs, self.pool.scratch_slot)
+        groups = self._burst_groups(seqs, pos, tables)
+        rows = RowSampling(seqs)
+        u = rows.uniforms(K)  # (K, S)
+        stop_table = _stop_table(seqs)  # (S, m)
+        ids = torch.tensor([s.token_ids[s.num_computed_tokens] for s in seqs])  # (S,)
+        tokens = torch.empty(K, len(seqs), dtype=torch.long)
+        logprobs = torch.empty(K, len(seqs))
+        tops = []
+        done = torch.zeros(len(seqs), dtype=torch.bool)
+        passes = 0
+        write_pool = self.decode_cache is None  # else the rows are copied to the pool after the burst
+        for k in range(K):
+            self.attention.slot_mapping, self.attention.groups = slots[k] if write_pool else None, [groups[k]]
+            hidden = self.model.hidden(ids[None], pos[k][None], self.attention)[0]  # (S, D)
+            ids, logprobs[k], top = rows.sample(self.model.lm_head(hidden).float(), u[k])
+            tokens[k] = ids
+            if top is not None:
+                tops.append(top)
+            passes = k + 1
+            done |= (ids[:, None] == stop_table).any(-1) | (keep <= passes)
+            if bool(done.all()):
+                break
+        if not write_pool:
+            self.decode_cache.write_back(groups[0].rows, pos[:passes], slots[:passes])
+        top_lists = rows.top_dicts(torch.stack(tops)) if tops else None
+        return StepOutput(tokens[:passes].T.tolist(), logprobs[:passes].T.tolist(), top_lists)
+
+    def _burst_groups(self, seqs: list[Sequence], pos: Tensor, tables: Tensor) -> list[AttnGroup]:
+        """One decode AttnGroup per pass of a burst; pos (K, S) are the input positions."""
+        K = pos.shape[0]
+        if self.decode_cache is None:
+            L = tables.shape[1] * self.block_size
+            masks = _bias(torch.arange(L)[None, None, :] <= pos[:, :, None], self.pool.k.dtype)  # (K, S, 1, 1, L)
+            return [AttnGroup(masks[k], None, None, block_tables=tables) for k in range(K)]
+        cache_rows, R, fill = self.decode_cache.rows_for(seqs, lookahead=K - 1)
+        ctx = torch.ones(K, R, dtype=torch.long)  # rows of other sequences see their position 0
+        ctx[:, cache_rows] = pos + 1
+        L = int(ctx.max())
+        masks = _bias(torch.arange(L)[None, None, :] < ctx[:, :, None], self.pool.k.dtype)  # (K, R, 1, 1, L)
+        identity = R == len(seqs) and bool((cache_rows == torch.arange(R)).all())
+        _, _, n_kv, L_cap, _ = self.decode_cache.k.shape
+        heads = cache_rows[:, None] * n_kv + torch.arange(n_kv)[None, :]  # (S, n_kv)
+        write = (heads[None] * L_cap + pos[:, :, None]).view(K, -1)  # (K, S * n_kv)
+        return [AttnGroup(masks[k], None, None, rows=cache_rows, write_index=write[k], num_rows=R,
+                          identity=identity, fill=fill if k == 0 else None) for k in range(K)]
 
     def _pack(self, batch: ScheduledBatch) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """Token ids (N,), positions (N,), KV slots (N,), and the packed rows that sample
@@ -151,28 +223,52 @@ class ModelRunner:
             total += n
         return offsets
 
-    def _sample(self, logits: Tensor, seqs: list[Sequence]) -> StepOutput:
-        params = [s.params for s in seqs]
-        temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32)
-        top_k = torch.tensor([p.top_k for p in params]) if any(p.top_k for p in params) else None
-        top_p = (torch.tensor([p.top_p for p in params], dtype=torch.float32)
-                 if any(p.top_p < 1 for p in params) else None)
-        u = None
-        if any(p.temperature > 0 for p in params):
-            u = counter_uniforms(torch.tensor([s.seed for s in seqs]),
-                                 torch.tensor([s.num_completion_tokens for s in seqs]))
-        else:
-            u = torch.zeros(len(seqs), dtype=torch.float64)
-        tokens, logprobs, full = sample_batch(logits, temperature, top_k, top_p, u)
-        top = None
-        k = max(p.logprobs for p in params)
-        if k:
-            values, indices = full.topk(min(k, full.shape[-1]), dim=-1)  # (M, k)
-            top = [dict(zip(ix[:p.logprobs], vs[:p.logprobs])) if p.logprobs else {}
-                   for ix, vs, p in zip(indices.tolist(), values.tolist(), params)]
-        return StepOutput(tokens.tolist(), logprobs.tolist(), top)
+
+
+class RowSampling:
+    """The sampling settings of the rows that sample, as tensors, built once per step or burst."""
+
+    def __init__(self, seqs: list[Sequence]) -> None:
+        self.params = [s.params for s in seqs]
+        params = self.params
+        self.temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32)  # (M,)
+        self.top_k = torch.tensor([p.top_k for p in params]) if any(p.top_k for p in params) else None
+        self.top_p = (torch.tensor([p.top_p for p in params], dtype=torch.float32)
+                      if any(p.top_p < 1 for p in params) else None)
+        self.seeds = torch.tensor([s.seed for s in seqs])  # (M,)
+        self.counters = torch.tensor([s.num_completion_tokens for s in seqs])  # (M,) index of the next token
+        self.sampled = any(p.temperature > 0 for p in params)
+        self.num_top = max(p.logprobs for p in params)
+
+    def uniforms(self, passes: int) -> Tensor:
+        """(passes, M) float64: the noise of each row's next `passes` tokens (zeros if all greedy)."""
+        if not self.sampled:
+            return torch.zeros(passes, len(self.params), dtype=torch.float64)
+        counters = self.counters[None, :] + torch.arange(passes)[:, None]  # (passes, M)
+        return counter_uniforms(self.seeds[None, :].expand(passes, -1), counters)
+
+    def sample(self, logits: Tensor, u: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """logits (M, V) -> tokens (M,), logprobs (M,), and the top logprobs (2, M, k) as
+        (values, indices) when any row asked for them, else None."""
+        tokens, logprobs, full = sample_batch(logits, self.temperature, self.top_k, self.top_p, u)
+        if not self.num_top:
+            return tokens, logprobs, None
+        values, indices = full.topk(min(self.num_top, full.shape[-1]), dim=-1)  # (M, k)
+        return tokens, logprobs, torch.stack([values, indices.to(values.dtype)])
+
+    def top_dicts(self, top: Tensor) -> list[list[dict[int, float]]]:
+        """top (passes, 2, M, k) -> per row, per pass {token: logprob} of its own top count."""
+        values, indices = top[:, 0].tolist(), top[:, 1].long().tolist()
+        return [[dict(zip(indices[k][i][:p.logprobs], values[k][i][:p.logprobs])) if p.logprobs else {}
+                 for k in range(len(values))] for i, p in enumerate(self.params)]
+
+
+def _stop_table(seqs: list[Sequence]) -> Tensor:
+    """(S, m) stop token ids of each sequence, padded with -1 (never a token)."""
+    m = max(1, max(len(s.stop_ids) for s in seqs))
+    return torch.tensor([sorted(s.stop_ids) + [-1] * (m - len(s.stop_ids)) for s in seqs], dtype=torch.long)
 
 
 def _bias(visible: Tensor, dtype: torch.dtype) -> Tensor:
-    """(S, L) bool -> (S, 1, 1, L) additive mask in the model dtype: 0 where visible, -inf elsewhere."""
-    return torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))[:, None, None, :]
+    """(..., S, L) bool -> (..., S, 1, 1, L) additive mask in the model dtype: 0 where visible, -inf elsewhere."""
+    return torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))[..., None, None, :]

@@ -89,7 +89,9 @@ class PagedAttention:
     def __init__(self, pool: KVPool, decode_cache=None) -> None:
         self.pool = pool
         self.decode_cache = decode_cache  # DecodeCache | None
-        self.slot_mapping: Tensor = torch.zeros(0, dtype=torch.long)  # (N,)
+        self.slot_mapping: Tensor | None = torch.zeros(0, dtype=torch.long)  # (N,)
+        """Pool slot of each new token; None: leave the pool alone (a decode burst writes only
+        the decode-cache rows and copies them to the pool at its end, DecodeCache.write_back)."""
         self.groups: list[AttnGroup] = []
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -100,8 +102,9 @@ class PagedAttention:
         kf, vf = k[0].transpose(0, 1), v[0].transpose(0, 1)  # (N, n_kv, hd)
         k_pool = self.pool.k[layer]  # (blocks + 1, bs, n_kv, hd)
         v_pool = self.pool.v[layer]
-        k_pool.view(-1, n_kv, hd).index_copy_(0, self.slot_mapping, kf)
-        v_pool.view(-1, n_kv, hd).index_copy_(0, self.slot_mapping, vf)
+        if self.slot_mapping is not None:
+            k_pool.view(-1, n_kv, hd).index_copy_(0, self.slot_mapping, kf)
+            v_pool.view(-1, n_kv, hd).index_copy_(0, self.slot_mapping, vf)
         qf = q[0].transpose(0, 1)  # (N, nh, hd)
         out = None
         for g in self.groups:
@@ -151,11 +154,15 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> Tensor:
     """One query per sequence: q (S, nh, hd), k, v (S, n_kv, L, hd), bias (S, 1, 1, L)
     additive (0 or -inf) -> (S, nh, hd).
 
-    The nh / n_kv query heads that share a kv head are passed to SDPA as that head's
-    queries (S, n_kv, rep, hd) under one mask: no GQA expansion, and far fewer tiny
-    per-(batch, head) products than (S, nh, 1, hd), the slow part of CPU SDPA here.
+    The nh / n_kv query heads that share a kv head are that head's queries (S * n_kv,
+    rep, hd): no GQA expansion. Two batched products and a softmax, not SDPA: CPU SDPA's
+    flash kernel tiles for long query blocks, and with one query per sequence its
+    per-(batch, head) set-up cost 2 to 3 times these three calls (bench/engine.py).
     """
     S, nh, hd = q.shape
-    n_kv = k.shape[1]
-    y = F.scaled_dot_product_attention(q.view(S, n_kv, nh // n_kv, hd), k, v, attn_mask=bias)
+    _, n_kv, L, _ = k.shape
+    rep = nh // n_kv
+    scores = torch.baddbmm(bias.expand(S, n_kv, rep, L).reshape(S * n_kv, rep, L), q.reshape(S * n_kv, rep, hd),
+                           k.reshape(S * n_kv, L, hd).transpose(1, 2), alpha=hd ** -0.5)  # (S * n_kv, rep, L)
+    y = torch.bmm(scores.softmax(-1), v.reshape(S * n_kv, L, hd))  # (S * n_kv, rep, hd)
     return y.view(S, nh, hd)
