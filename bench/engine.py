@@ -12,10 +12,11 @@ alike (the load average is printed with each repeat):
      timing does not depend on the weights; --builtin uses ensure_tiny_model()),
    - "90m": a random-weight Llama of ~88M parameters (768 wide, 12 layers, GQA 12/4,
      vocab 16384, tied embeddings);
-   engines: polyrl paged (the default), polyrl dense (the reference engine), HF
-   `generate` (same process, same weights), vLLM CPU (a persistent subprocess running
-   this file under .venv-vllm, when that environment exists). Medians over repeats,
-   and ratios polyrl / peer;
+   engines: polyrl paged (the default, "polyrl"), the same paged engine as one worker
+   process per thread sharing the weights ("dp", engine.native.workers; with --threads
+   > 1), polyrl dense (the reference engine), HF `generate` (same process, same
+   weights), vLLM CPU (a persistent subprocess running this file under .venv-vllm,
+   when that environment exists). Medians over repeats, and ratios polyrl / peer;
 2. a GRPO-shaped workload (16 prompts x G=8 samples, 96-token prompts, 32 tokens):
    prefill tokens computed with and without the prefix cache, and the time;
 3. the machine's bound: measured matmul FLOP/s and memory bandwidth, turned into a

@@ -23,6 +23,7 @@ from polyrl.engine.base import SamplingParams
 from polyrl.engine.config import PagedConfig
 from polyrl.engine.dense import DenseEngine
 from polyrl.engine.paged import PagedEngine
+from polyrl.engine.parallel import DataParallelEngine
 from polyrl.models.config import ModelConfig
 from polyrl.models.hf_io import load_pretrained, save_pretrained
 from polyrl.models.tokenizer import Tokenizer, save_tokenizer, train_tiny_tokenizer
@@ -157,6 +158,9 @@ def throughput(name: str, model_dir: Path, batches: list[int], args, vllm_python
     vocab = model.cfg.vocab_size
     engines = {"polyrl": PagedEngine(copy.deepcopy(model), NoTextTokenizer()),
                "dense": DenseEngine(copy.deepcopy(model), NoTextTokenizer())}
+    if args.threads > 1:  # the same paged engine as one worker process per thread (engine/parallel.py)
+        engines["dp"] = DataParallelEngine(copy.deepcopy(model), NoTextTokenizer(), workers=args.threads,
+                                           threads_per_worker=1)
     hf = None
     if not args.skip_hf:
         from transformers import AutoModelForCausalLM
@@ -189,21 +193,29 @@ def throughput(name: str, model_dir: Path, batches: list[int], args, vllm_python
             print(f"  repeat {rep} B={B:3d}: " + "  ".join(line) + f"  tok/s  load={os.getloadavg()[0]:.2f}")
     if vllm is not None:
         vllm.close()
+    if "dp" in engines:
+        engines["dp"].close()
     return runs
 
 
+OURS, PEERS = ("polyrl", "dp"), ("dense", "hf", "vllm")
+
+
 def median_table(name: str, model_dir: Path, runs: dict, batches: list[int], bound: dict) -> None:
+    """Medians per engine and batch; ratios of each polyrl engine (paged; dp: paged in one worker
+    process per thread) to every other engine; every engine's share of the machine's ceiling."""
     model = load_pretrained(model_dir)[0]
     params = n_params(model)
-    engines = sorted({k for k, _ in runs}, key=["polyrl", "dense", "hf", "vllm"].index)
-    print(f"\n{name}: median tokens/s over repeats (ratio = polyrl / engine; ceiling from the machine bound)")
+    engines = [e for e in OURS + PEERS if any(k == e for k, _ in runs)]
+    pairs = [(a, b) for a in OURS if a in engines for b in engines if b != a and not (a == "dp" and b == "polyrl")]
+    print(f"\n{name}: median tokens/s over repeats (ratios a/b; ceiling from the machine bound)")
     print(f"  {'B':>3}  " + "  ".join(f"{e:>8}" for e in engines) + "   ceiling  " +
-          "  ".join(f"polyrl/{e}" for e in engines if e != "polyrl") + "  " + "  ".join(f"{e}%ceil" for e in engines))
+          "  ".join(f"{a}/{b}" for a, b in pairs) + "  " + "  ".join(f"{e}%ceil" for e in engines))
     for B in batches:
         med = {e: statistics.median(runs[(e, B)]) for e in engines if (e, B) in runs}
         ceil = ceiling(model.cfg, params, B, bound)
-        ratios = "  ".join(f"{med['polyrl'] / med[e]:>9.2f}x" for e in engines if e != "polyrl" and e in med)
-        shares = "  ".join(f"{100 * med[e] / ceil:>8.0f}%" for e in engines if e in med)
+        ratios = "  ".join(f"{med[a] / med[b]:>{len(a) + len(b)}.2f}x" for a, b in pairs if a in med and b in med)
+        shares = "  ".join(f"{100 * med[e] / ceil:>{len(e) + 4}.0f}%" for e in engines if e in med)
         print(f"  {B:>3}  " + "  ".join(f"{med.get(e, float('nan')):>8.0f}" for e in engines) +
               f"  {ceil:>8.0f}  {ratios}  {shares}")
 
@@ -230,17 +242,47 @@ def grpo_workload(workdir: Path) -> None:
 
 
 def rl_step_vs_trl(workdir: Path, vllm_python: Path | None, args) -> None:
-    """One GRPO step of 16 prompts x 8 samples x 32 tokens: polyrl vs TRL GRPOTrainer."""
+    """One GRPO step of 16 prompts x 8 samples x 32 tokens: polyrl (paged engine, and the same
+    in one worker process per thread) vs TRL GRPOTrainer. polyrl's steps are timed before and
+    after TRL's run, so that a change in the machine's speed meanwhile hits both sides."""
+    model_dir = make_model_dir("tiny", workdir)
+    kinds = ["paged"] + (["dp"] if args.threads > 1 else [])
+    ours = {k: polyrl_rl_steps(model_dir, k, args) for k in kinds}
+    if vllm_python is None:
+        print("  TRL: .venv-vllm not found; skipped")
+        return
+    pf = workdir / "trl_prompts.json"
+    pf.write_text(json.dumps(TRL_PROMPTS))
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.run([str(vllm_python), str(Path(__file__).with_name("engine.py")), "--worker", "trl",
+                           "--model-dir", str(model_dir), "--prompts-file", str(pf), "--steps", str(args.repeats + 1)],
+                          capture_output=True, text=True, env=env, cwd="/tmp")
+    result = next((json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")), None)
+    if result is None:
+        print("  TRL run failed:\n" + proc.stderr[-3000:])
+        return
+    for k in kinds:
+        ours[k] += polyrl_rl_steps(model_dir, k, args)
+    theirs = statistics.median(result["step_seconds"][1:])
+    print(f"  TRL GRPOTrainer median {theirs:.3f} s (steps {[round(x, 3) for x in result['step_seconds'][1:]]})")
+    for k, times in ours.items():
+        mine = statistics.median(times)
+        print(f"  polyrl ({k}) median {mine:.3f} s over {len(times)} steps: {theirs / mine:.2f}x faster than TRL")
+
+
+def polyrl_rl_steps(model_dir: Path, kind: str, args) -> list[float]:
+    """Seconds of args.repeats GRPO steps (after one untimed): rollout, reward, advantages, loss,
+    AdamW step, weight update of the engine."""
     from polyrl.rl.advantages import group_advantages
     from polyrl.rollout.groups import Group
     from polyrl.train.batch import build_batch
     from polyrl.train.loop import update
     from polyrl.types import Score, Task
 
-    model_dir = make_model_dir("tiny", workdir)
     tok = Tokenizer.from_dir(model_dir)
     policy = load_pretrained(model_dir)[0]
-    engine = PagedEngine(copy.deepcopy(policy), tok)
+    engine = (DataParallelEngine(copy.deepcopy(policy), tok, workers=args.threads, threads_per_worker=1)
+              if kind == "dp" else PagedEngine(copy.deepcopy(policy), tok))
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-4, betas=(0.9, 0.99))
     cfg = SimpleNamespace(seed=0, engine=SimpleNamespace(temperature=1.0),
                           trainer=SimpleNamespace(ppo_epochs=1, minibatches=1, clip_low=0.2, clip_high=0.28,
@@ -259,22 +301,8 @@ def rl_step_vs_trl(workdir: Path, vllm_python: Path | None, args) -> None:
         update(policy, None, optimizer, batch, cfg, step)
         engine.update_weights(policy.state_dict(), version=step + 1)
         times.append(time.perf_counter() - t)
-    ours = statistics.median(times[1:])
-    print(f"\nRL step, 16 prompts x 8 samples x 32 tokens (tiny): polyrl median {ours:.3f} s "
-          f"(steps {[round(x, 3) for x in times[1:]]}, load={os.getloadavg()[0]:.2f})")
-    if vllm_python is None:
-        print("  TRL: .venv-vllm not found; skipped")
-        return
-    pf = workdir / "trl_prompts.json"
-    pf.write_text(json.dumps(TRL_PROMPTS))
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.run([str(vllm_python), str(Path(__file__).with_name("engine.py")), "--worker", "trl",
-                           "--model-dir", str(model_dir), "--prompts-file", str(pf), "--steps", str(args.repeats + 1)],
-                          capture_output=True, text=True, env=env, cwd="/tmp")
-    result = next((json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")), None)
-    if result is None:
-        print("  TRL run failed:\n" + proc.stderr[-3000:])
-        return
-    theirs = statistics.median(result["step_seconds"][1:])
-    print(f"  TRL GRPOTrainer median {theirs:.3f} s (steps {[round(x, 3) for x in result['step_seconds'][1:]]}); "
-          f"polyrl is {theirs / ours:.2f}x faster")
+    if kind == "dp":
+        engine.close()
+    print(f"\nRL step, 16 prompts x 8 samples x 32 tokens (tiny), polyrl {kind}: "
+          f"steps {[round(x, 3) for x in times[1:]]} s, load={os.getloadavg()[0]:.2f}")
+    return times[1:]

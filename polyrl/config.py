@@ -97,6 +97,9 @@ class NativeEngineConfig(BaseModel):
 
     paged: bool = True
     """true: the paged engine (prefix cache, continuous batching); false: the dense reference engine"""
+    workers: int = Field(1, gt=0)
+    """paged engines in worker processes sharing the weights, each with its share of the torch threads
+    (engine/parallel.py); on a CPU, small models generate faster split by requests than by threads"""
     block_size: int = Field(16, gt=0)
     """tokens per KV block: the unit of allocation and of prefix sharing"""
     num_blocks: int | None = Field(None, gt=0)

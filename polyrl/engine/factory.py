@@ -1,7 +1,8 @@
 """Which engine a run uses: the run file's `engine.backend` -> an Engine.
 
 - "native": the paged engine (paged.py) on a copy of the policy; the trainer's default.
-  With native.paged false, the dense reference engine (dense.py): equivalence tests
+  With native.workers > 1, that many paged engines in worker processes sharing the
+  weights (parallel.py). With native.paged false, the dense reference engine (dense.py): equivalence tests
   and before/after measurements.
 - "vllm": vLLM loaded from the model directory (vllm_backend.py), optional extra.
 
@@ -33,8 +34,9 @@ def build_engine(settings: Any, model: Transformer, tokenizer: Tokenizer, model_
     if backend == "native":
         native = getattr(settings, "native", None)
         native = native.model_dump() if hasattr(native, "model_dump") else dict(native or {})
+        workers = native.pop("workers", 1)
         if native.pop("paged", True):
-            return _paged(model, tokenizer, PagedConfig(**native), weight_version)
+            return _paged(model, tokenizer, PagedConfig(**native), weight_version, workers)
         from polyrl.engine.dense import DenseEngine
 
         return DenseEngine(model, tokenizer, weight_version)
@@ -47,7 +49,11 @@ def build_engine(settings: Any, model: Transformer, tokenizer: Tokenizer, model_
     raise ValueError(f"engine.backend: got {backend!r}; must be one of {', '.join(BACKENDS)}")
 
 
-def _paged(model: Transformer, tokenizer: Tokenizer, config: PagedConfig, weight_version: int) -> Any:
+def _paged(model: Transformer, tokenizer: Tokenizer, config: PagedConfig, weight_version: int, workers: int) -> Any:
+    if workers > 1:
+        from polyrl.engine.parallel import DataParallelEngine
+
+        return DataParallelEngine(model, tokenizer, config, workers, weight_version)
     from polyrl.engine.paged import PagedEngine
 
     return PagedEngine(model, tokenizer, config, weight_version)

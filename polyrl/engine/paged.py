@@ -83,12 +83,7 @@ class PagedEngine:
     def add_request(self, prompt_ids: Seq[int], sampling: SamplingParams, seed: int | None = None,
                     prompt_index: int = 0) -> int:
         """Queue one sequence; returns its id (step() reports it back with its Completion)."""
-        if len(prompt_ids) == 0:
-            raise ValueError("empty prompt: every prompt needs at least one token")
-        capacity = self.num_blocks * self.config.block_size
-        if len(prompt_ids) + 1 > capacity:
-            raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit the KV pool of {capacity} tokens; "
-                             "raise engine.native.kv_cache_mb or num_blocks")
+        self.check_prompt(prompt_ids)
         if seed is None:
             seed = int(torch.randint(0, 2**62, (1,)))
         stop = frozenset(sampling.stop_token_ids) | (frozenset() if sampling.ignore_eos else self._eos)
@@ -96,6 +91,15 @@ class PagedEngine:
         self.scheduler.add(seq)
         self.counters.requests += 1
         return seq.seq_id
+
+    def check_prompt(self, prompt_ids: Seq[int]) -> None:
+        """Raise ValueError for a prompt this engine can never serve (empty, or past the KV pool)."""
+        if len(prompt_ids) == 0:
+            raise ValueError("empty prompt: every prompt needs at least one token")
+        capacity = self.num_blocks * self.config.block_size
+        if len(prompt_ids) + 1 > capacity:
+            raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit the KV pool of {capacity} tokens; "
+                             "raise engine.native.kv_cache_mb or num_blocks")
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -138,11 +142,16 @@ class PagedEngine:
         if in_flight not in ("keep", "recompute"):
             raise ValueError(f"in_flight: got {in_flight!r}; must be 'keep' or 'recompute'")
         copy_weights_(self.model, weights)
+        self.refresh_weights(version)
+        if in_flight == "recompute":
+            self.scheduler.preempt_all()
+
+    def refresh_weights(self, version: int) -> None:
+        """The model's tensors changed in place (update_weights, or a parent process writing
+        shared weights; parallel.py): repack, take the version, stop sharing older KV."""
         for linear in self.packed:
             linear.repack()
         self.weight_version = version
-        if in_flight == "recompute":
-            self.scheduler.preempt_all()
         self.block_manager.reset_cache()
 
     # ---- helpers -----------------------------------------------------------------------------

@@ -32,6 +32,10 @@ def _raise(message: str) -> None:
     raise jinja2.TemplateError(message)
 
 
+def _from_json(text: str, config: dict[str, Any], cls: type) -> "Tokenizer":
+    return cls(HFTokenizer.from_str(text), config)
+
+
 class Tokenizer:
     """Encode/decode plus chat templating for one model directory."""
 
@@ -49,6 +53,11 @@ class Tokenizer:
         self.bos_token = _token_text(config.get("bos_token"))
         self.eos_token_id = self.tok.token_to_id(self.eos_token) if self.eos_token else None
         self.pad_token_id = self.tok.token_to_id(self.pad_token) if self.pad_token else None
+
+    def __reduce__(self):
+        """Pickle as the tokenizer's JSON and config (the compiled template is rebuilt), so that
+        engine worker processes receive it."""
+        return _from_json, (self.tok.to_str(), self.config, type(self))
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> "Tokenizer":
