@@ -24,6 +24,10 @@ the requests are split. `update_weights` copies the new tensors into the shared 
 then every worker refreshes its packed layers, drops its prefix cache and takes the
 version; calls are synchronous, so no request is in flight during an update.
 
+Workers are started with "spawn", so, as with any spawn-based multiprocessing, a script
+that builds this engine must do so under `if __name__ == "__main__":` (the workers
+import the main module; `polyrl train` and the tests already do).
+
 Out of scope: the step API (add_request / step; use PagedEngine), workers on other
 machines (Ray), GPUs (the vLLM backend has its own data parallelism).
 """
