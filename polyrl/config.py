@@ -9,21 +9,21 @@ anything is wrong, raises one `ConfigError` listing every problem, one per line:
 Every default lives in the field definitions below; a run file only states what differs.
 Out of scope: command-line overrides and what a field means at run time (the trainer,
 engine and domains own that); this file only checks that a run file is well formed and
-names things that exist (domains, verifiers, pack files).
+names things that exist (domains, verifiers, pack files). Turning pydantic errors into
+these messages, and finding their YAML lines, is polyrl/config_messages.py.
 """
 
 from __future__ import annotations
 
-import difflib
-import types
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal
 
-import annotated_types as at
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+
+from polyrl.config_messages import did_you_mean, dotted, duplicate_keys, explain, line_for, show
 
 __all__ = [
     "ConfigError",
@@ -262,7 +262,7 @@ class RunConfig(BaseModel):
             return self
         found = _semantic_problems(self.model_dump(), base_dir=None)
         if found:
-            raise ValueError("; ".join(f"{_dotted(loc)}: {msg}" for loc, msg in found))
+            raise ValueError("; ".join(f"{dotted(loc)}: {msg}" for loc, msg in found))
         return self
 
     def to_yaml(self) -> str:
@@ -340,22 +340,22 @@ def load_config_text(text: str, source: str = "<string>", base_dir: str | Path |
     if root is None:
         raise ConfigError([Problem(source, None, "", f"empty run file; expected a mapping with keys such as {top_keys} (rl_tasks is required)")])
     if not isinstance(data, dict):
-        raise ConfigError([Problem(source, root.start_mark.line + 1, "", f"the top level must be a mapping with keys such as {top_keys}; got {_show(data)}")])
+        raise ConfigError([Problem(source, root.start_mark.line + 1, "", f"the top level must be a mapping with keys such as {top_keys}; got {show(data)}")])
 
     found: list[tuple[int, Problem]] = []  # (order, problem); sorted by line at the end
 
     def add(loc: tuple, message: str, kind: str = "value") -> None:
-        found.append((len(found), Problem(source, _line_for(root, loc, kind), _dotted(loc), message)))
+        found.append((len(found), Problem(source, line_for(root, loc, kind), dotted(loc), message)))
 
-    for loc, key_line, first_line in _duplicate_keys(root):
-        found.append((len(found), Problem(source, key_line, _dotted(loc), f"duplicate key; first given at line {first_line}, and only the last value would count")))
+    for loc, key_line, first_line in duplicate_keys(root):
+        found.append((len(found), Problem(source, key_line, dotted(loc), f"duplicate key; first given at line {first_line}, and only the last value would count")))
 
     try:
         config = RunConfig.model_validate(data, context={"skip_semantic_checks": True})
     except ValidationError as e:
         config = None
         for err in e.errors(include_url=False):
-            loc, message, kind = _explain(err)
+            loc, message, kind = explain(err, RunConfig)
             add(loc, message, kind)
 
     for loc, message in _semantic_problems(data, base_dir=base):
@@ -408,12 +408,12 @@ def _semantic_problems(data: Any, base_dir: Path | None) -> list[tuple[tuple, st
                 else:
                     first_index[domain] = i
                 if pack is None and domains is not None and domain not in domains:
-                    problems.append((("rl_tasks", i, "domain"), f"got {domain!r}; must be a built-in domain ({', '.join(domains)}), or any name together with `pack`{_did_you_mean(domain, domains)}"))
+                    problems.append((("rl_tasks", i, "domain"), f"got {domain!r}; must be a built-in domain ({', '.join(domains)}), or any name together with `pack`{did_you_mean(domain, domains)}"))
             if isinstance(reward, str) and reward not in verifiers:
-                problems.append((("rl_tasks", i, "reward"), f"got {reward!r}; must be one of {', '.join(verifiers)}, or null for the domain's default{_did_you_mean(reward, verifiers)}"))
+                problems.append((("rl_tasks", i, "reward"), f"got {reward!r}; must be one of {', '.join(verifiers)}, or null for the domain's default{did_you_mean(reward, verifiers)}"))
             check = task.get("check")
             if isinstance(check, str) and check not in verifiers:
-                problems.append((("rl_tasks", i, "check"), f"got {check!r}; must be one of {', '.join(verifiers)}, or null for the domain's default check{_did_you_mean(check, verifiers)}"))
+                problems.append((("rl_tasks", i, "check"), f"got {check!r}; must be one of {', '.join(verifiers)}, or null for the domain's default check{did_you_mean(check, verifiers)}"))
             if isinstance(pack, str):
                 resolved = _resolve_pack(pack, base_dir or Path.cwd())
                 if not resolved.is_file():
@@ -502,170 +502,3 @@ def _resolve_pack(pack: str, base_dir: Path) -> Path:
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
-
-
-# ---------------------------------------------------------------------------- pydantic errors -> messages
-
-
-def _explain(err: dict) -> tuple[tuple, str, str]:
-    """A pydantic error as (loc, message, kind); kind picks the line: "value", "key", "parent"."""
-    loc, kind, value = tuple(err["loc"]), err["type"], err.get("input")
-    target = _target(loc)
-
-    if kind == "extra_forbidden":
-        allowed = _keys(_target(loc[:-1])[1])
-        key = str(loc[-1])
-        return loc, f"unknown key {key!r}; allowed: {', '.join(allowed)}{_did_you_mean(key, allowed)}", "key"
-    if kind == "invalid_key":
-        return loc[:-1], f"keys must be strings; got {_show(loc[-1])}", "key"
-    if kind == "missing":
-        field = target[0] if target else None
-        what = f" ({field.description})" if field is not None and field.description else ""
-        return loc, f"missing required key{what}", "parent"
-    if target is None:
-        return loc, f"got {_show(value)}; {err['msg']}", "value"
-    field, annotation = target
-    if kind == "literal_error":
-        choices = [str(c) for c in get_args(_strip_none(annotation))]
-        return loc, f"got {_show(value)}; must be one of {', '.join(choices)}{_did_you_mean(str(value), choices)}", "value"
-    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        return loc, f"got {_show(value)}; must be {_bounds(field.metadata)}", "value"
-    if kind == "too_short":
-        return loc, f"got {_show(value)}; must have at least {err['ctx']['min_length']} item", "value"
-    metadata = field.metadata if field is not None and not isinstance(loc[-1], int) else []
-    return loc, f"got {_show(value)}; must be {_expected(annotation, metadata)}", "value"
-
-
-def _target(loc: tuple) -> tuple[Any, Any] | None:
-    """(FieldInfo, annotation) of what a loc points at; after a list index the FieldInfo is
-    the list's and the annotation the element type. None if the loc leaves the schema."""
-    field, annotation = None, RunConfig
-    for part in loc:
-        inner = _strip_none(annotation)
-        if isinstance(part, int):
-            if get_origin(inner) is not list:
-                return None
-            annotation = get_args(inner)[0]
-        elif isinstance(inner, type) and issubclass(inner, BaseModel) and part in inner.model_fields:
-            field = inner.model_fields[part]
-            annotation = field.annotation
-        else:
-            return None
-    return field, annotation
-
-
-def _keys(annotation: Any) -> list[str]:
-    inner = _strip_none(annotation)
-    return list(inner.model_fields) if isinstance(inner, type) and issubclass(inner, BaseModel) else []
-
-
-def _strip_none(annotation: Any) -> Any:
-    if get_origin(annotation) in (Union, types.UnionType):
-        args = [a for a in get_args(annotation) if a is not type(None)]
-        if len(args) == 1:
-            return args[0]
-    return annotation
-
-
-def _bounds(metadata: list) -> str:
-    parts = []
-    for m in metadata:
-        for cls, attr, op in ((at.Gt, "gt", ">"), (at.Ge, "ge", ">="), (at.Lt, "lt", "<"), (at.Le, "le", "<=")):
-            if isinstance(m, cls):
-                parts.append(f"{op} {getattr(m, attr):g}")
-    return " and ".join(parts)
-
-
-def _expected(annotation: Any, metadata: list) -> str:
-    """What a field accepts, in words: "an integer > 0", "one of mask, penalty, none"."""
-    inner = _strip_none(annotation)
-    nullable = inner is not annotation
-    if get_origin(inner) is Literal:
-        text = "one of " + ", ".join(str(c) for c in get_args(inner))
-    elif get_origin(inner) is list:
-        item = get_args(inner)[0]
-        text = f"a list of mappings (keys: {', '.join(_keys(item))})" if _keys(item) else "a list"
-    elif _keys(inner):
-        text = f"a mapping (keys: {', '.join(_keys(inner))})"
-    else:
-        text = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(inner, str(inner))
-        bounds = _bounds(metadata)
-        text += f" {bounds}" if bounds else ""
-    return text + (", or null" if nullable else "")
-
-
-# ---------------------------------------------------------------------------- YAML node tree -> line numbers
-
-
-def _line_for(root: yaml.Node, loc: tuple, kind: str) -> int:
-    """1-based line for a loc: the value's line, the key's line ("key"), or the line of the
-    deepest mapping that exists ("parent", for missing keys and defaults)."""
-    node, key_node = root, None
-    for i, part in enumerate(loc):
-        child = _child(node, part)
-        if child is None:
-            if kind == "parent" and i == len(loc) - 1:
-                return node.start_mark.line + 1
-            return (key_node or node).start_mark.line + 1
-        key_node, node = child
-    if kind == "key" and key_node is not None:
-        return key_node.start_mark.line + 1
-    return node.start_mark.line + 1
-
-
-def _child(node: yaml.Node, part: Any) -> tuple[yaml.Node | None, yaml.Node] | None:
-    if isinstance(node, yaml.MappingNode):
-        match = None
-        for k, v in node.value:  # the last duplicate wins, as in the loaded data
-            if isinstance(k, yaml.ScalarNode) and k.value == str(part):
-                match = (k, v)
-        return match
-    if isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
-        return None, node.value[part]
-    return None
-
-
-def _duplicate_keys(node: yaml.Node, loc: tuple = ()) -> list[tuple[tuple, int, int]]:
-    """(loc, line, first line) for every key given twice in one mapping."""
-    out: list[tuple[tuple, int, int]] = []
-    if isinstance(node, yaml.MappingNode):
-        seen: dict[str, int] = {}
-        for k, v in node.value:
-            if isinstance(k, yaml.ScalarNode):
-                if k.value in seen:
-                    out.append((loc + (k.value,), k.start_mark.line + 1, seen[k.value]))
-                else:
-                    seen[k.value] = k.start_mark.line + 1
-                out += _duplicate_keys(v, loc + (k.value,))
-    elif isinstance(node, yaml.SequenceNode):
-        for i, v in enumerate(node.value):
-            out += _duplicate_keys(v, loc + (i,))
-    return out
-
-
-# ---------------------------------------------------------------------------- small helpers
-
-
-def _dotted(loc: tuple) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def _show(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, dict):
-        return "a mapping" if value else "an empty mapping"
-    if isinstance(value, list):
-        return "a list" if value else "an empty list"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _did_you_mean(word: str, choices: list[str]) -> str:
-    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
