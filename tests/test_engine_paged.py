@@ -271,6 +271,9 @@ def test_capacity_limits_are_values_or_clear_errors(setup):
         eng.add_request(list(range(1, 60)), SamplingParams())
     with pytest.raises(ValueError, match="empty prompt"):
         eng.generate([[]], 1, SamplingParams())
+    with pytest.raises(ValueError, match="does not fit the KV pool"):  # all or nothing:
+        eng.generate([prompts[0], list(range(1, 60))], 2, SamplingParams())
+    assert not eng.has_unfinished()  # the good prompt's samples were not left queued
     # 44-token prompt + 12 tokens > 48 slots: the lone sequence ends "length", no crash.
     c = eng.generate([prompts[1]], 1, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
     assert c.finish_reason == "length" and 0 < len(c.token_ids) < 12

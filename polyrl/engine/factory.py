@@ -2,8 +2,8 @@
 
 - "native": the paged engine (paged.py) on a copy of the policy; the trainer's default.
   With native.workers > 1, that many paged engines in worker processes sharing the
-  weights (parallel.py). With native.paged false, the dense reference engine (dense.py): equivalence tests
-  and before/after measurements.
+  weights (parallel.py). With native.paged false, the dense reference engine (dense.py):
+  equivalence tests and before/after measurements.
 - "vllm": vLLM loaded from the model directory (vllm_backend.py), optional extra.
 
 The settings object is duck-typed (polyrl/config.py's EngineConfig in a run), so the

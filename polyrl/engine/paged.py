@@ -119,11 +119,16 @@ class PagedEngine:
         """n completions per prompt, grouped: result[i*n + j] is sample j of prompt i."""
         assert n >= 1 and len(prompts) > 0
         base = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,)))
-        order = {}
-        for i, prompt in enumerate(prompts):
-            for j in range(n):
-                rid = self.add_request(prompt, sampling, seed=request_seed(base, i * n + j), prompt_index=i)
-                order[rid] = i * n + j
+        return self.run_requests([(prompt, request_seed(base, i * n + j), i)
+                                  for i, prompt in enumerate(prompts) for j in range(n)], sampling)
+
+    def run_requests(self, requests: Seq[tuple[Seq[int], int, int]], sampling: SamplingParams) -> list[Completion]:
+        """(prompt, seed, prompt index) requests run to completion: their completions, in order.
+        All or nothing: a prompt this engine cannot serve raises before any request is queued."""
+        for prompt, _, _ in requests:
+            self.check_prompt(prompt)
+        order = {self.add_request(prompt, sampling, seed=seed, prompt_index=i): k
+                 for k, (prompt, seed, i) in enumerate(requests)}
         results: list[Completion | None] = [None] * len(order)
         remaining = len(order)
         while remaining:

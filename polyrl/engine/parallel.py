@@ -247,16 +247,7 @@ def _worker_main(conn, model: Transformer, tokenizer: Tokenizer, config: PagedCo
 
 def _serve(engine, requests: list[tuple[int, list[int], list[int]]],
            sampling: SamplingParams) -> list[tuple[int, int, Completion]]:
-    """Run (prompt index, prompt, per-sample seeds) requests to completion."""
-    for _, prompt, _ in requests:  # all or nothing: a bad prompt must not leave others queued
-        engine.check_prompt(prompt)
-    slot = {}
-    for i, prompt, seeds in requests:
-        for j, seed in enumerate(seeds):
-            slot[engine.add_request(prompt, sampling, seed=seed, prompt_index=i)] = (i, j)
-    out = []
-    while len(out) < len(slot):
-        assert engine.has_unfinished(), "engine stalled with requests outstanding"
-        for rid, completion in engine.step():
-            out.append((*slot[rid], completion))
-    return out
+    """Run (prompt index, prompt, per-sample seeds) requests: (prompt index, sample, Completion)."""
+    flat = [(prompt, seed, i) for i, prompt, seeds in requests for seed in seeds]
+    slots = [(i, j) for i, _, seeds in requests for j in range(len(seeds))]
+    return [(i, j, c) for (i, j), c in zip(slots, engine.run_requests(flat, sampling))]
