@@ -116,6 +116,9 @@ class NativeEngineConfig(BaseModel):
     """also keep decoding sequences' keys/values in contiguous rows: faster decode, that memory twice"""
     packed_linear: bool = True
     """run large linear layers on oneDNN-packed weight copies (CPU, float32): faster skinny products"""
+    fused_decode: bool = True
+    """run decode steps on fused CPU kernels built with the system C compiler (float32 Llama/Qwen2 shapes);
+    without a compiler the engine logs why once and runs the model's own forward"""
     decode_burst: int = Field(8, gt=0)
     """most decode passes run back to back without rescheduling while nothing waits; 1 = reschedule every token"""
 

@@ -45,6 +45,9 @@ CONFIGS = {
     "tiny_pool_chunked_uncached": dict(block_size=4, num_blocks=16, max_num_batched_tokens=8,
                                        enable_prefix_caching=False),
     "one_seat": dict(block_size=8, max_num_seqs=1),
+    # The model's own forward for decodes too (the fused pass is the default where it builds).
+    "unfused": dict(block_size=4, fused_decode=False),
+    "unfused_tiny_pool_chunked": dict(block_size=4, num_blocks=16, max_num_batched_tokens=8, fused_decode=False),
 }
 
 
@@ -78,10 +81,11 @@ def test_paged_equals_dense_engine(setup):
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("sampling", [dict(temperature=0.7), dict(temperature=1.3, top_k=5, top_p=0.9)])
-def test_sampled_logprobs_match_trainer_recompute(setup, sampling):
+def test_sampled_logprobs_match_trainer_recompute(setup, sampling, fused):
     tok, model, prompts = setup
-    eng = engine(model, tok, block_size=4, num_blocks=20)  # preemption in the mix too
+    eng = engine(model, tok, block_size=4, num_blocks=20, fused_decode=fused)  # preemption in the mix too
     outs = eng.generate(prompts, 3, SamplingParams(max_tokens=10, seed=1, **sampling))
     for c in outs:
         seq = prompts[c.prompt_index] + c.token_ids
@@ -114,19 +118,20 @@ def run_requests(eng: PagedEngine, requests: list) -> list:
     return [out[i] for i in range(len(requests))]
 
 
-def test_decode_bursts_equal_token_by_token_steps(setup):
+@pytest.mark.parametrize("fused", [True, False])
+def test_decode_bursts_equal_token_by_token_steps(setup, fused):
     tok, model, prompts = setup
     requests = [(prompts[0], SamplingParams(temperature=0.9, max_tokens=13), 1),
                 (prompts[1], SamplingParams(temperature=1.2, top_k=7, top_p=0.9, max_tokens=5, logprobs=2), 2),
                 (prompts[2], SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True), 3),
                 (prompts[1], SamplingParams(temperature=0, max_tokens=11, logprobs=1), 4)]
-    first = run_requests(engine(model, tok, decode_burst=1), requests)
+    first = run_requests(engine(model, tok, decode_burst=1, fused_decode=fused), requests)
     # A stop token and a stop string that the token-by-token run meets mid-way.
     requests.append((prompts[2], replace(requests[2][1], stop_token_ids=(first[2].token_ids[6],)), 3))
     requests.append((prompts[2], replace(requests[2][1], stop=(first[2].text[5:7],)), 3))
     runs = {}
     for burst in (1, 3, 8):
-        eng = engine(model, tok, block_size=4, decode_burst=burst)
+        eng = engine(model, tok, block_size=4, decode_burst=burst, fused_decode=fused)
         runs[burst] = (run_requests(eng, requests), eng.counters.snapshot())
         assert_all_free(eng)
     (one, c1), (_, c3), (_, c8) = runs[1], runs[3], runs[8]

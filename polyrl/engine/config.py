@@ -29,6 +29,10 @@ class PagedConfig:
 
     packed_linear: bool = True
     """Run large linear layers on oneDNN-packed weight copies (CPU, float32; runner/packed_linear.py)."""
+    fused_decode: bool = True
+    """Run decode steps through fused CPU kernels (runner/fused_decode.py, compiled on first
+    use with the system C compiler); without a compiler, or for a model they do not cover,
+    the engine says why once and keeps to the model's own forward pass."""
     decode_burst: int = 8
     """Most forward passes run back to back, without rescheduling, while every running sequence
     decodes and none waits (scheduler.py); 1 = reschedule after every token."""

@@ -74,7 +74,8 @@ class PagedEngine:
                                    self.counters, stop_text=self._hits_stop_string,
                                    decode_burst=self.config.decode_burst)
         self.packed = pack_linears(self.model) if self.config.packed_linear else []
-        self.runner = ModelRunner(model, self.num_blocks, self.config.block_size, self.config.contiguous_decode)
+        self.runner = ModelRunner(model, self.num_blocks, self.config.block_size, self.config.contiguous_decode,
+                                  self.config.fused_decode)
         self._eos = frozenset(tokenizer.stop_token_ids())
         self._ids = itertools.count()
 
@@ -156,6 +157,7 @@ class PagedEngine:
         shared weights; parallel.py): repack, take the version, stop sharing older KV."""
         for linear in self.packed:
             linear.repack()
+        self.runner.refresh_weights()
         self.weight_version = version
         self.block_manager.reset_cache()
 

@@ -1,7 +1,10 @@
 """One engine step on the model: scheduled batch -> packed inputs -> forward -> samples.
 
 The model is the trainer's own Transformer; the runner only supplies a PagedAttention
-backend for it, so the engine's forward pass is the trainer's forward pass. Logits
+backend for it, so the engine's forward pass is the trainer's forward pass. Decode
+steps run instead on the fused pass (fused_decode.py: the same function in fewer,
+compiled operations, tested equal to float32 rounding) when it is available; then every
+decode-only step goes through it, a single step as a burst of one. Logits
 are computed only at the positions that sample (the last token of each sequence whose
 chunk reaches its end), and sampling is per row: each sequence brings its own
 temperature, top-k, top-p, seed and top-logprob count.
@@ -10,8 +13,8 @@ A decode burst (ScheduledBatch.steps > 1) runs its passes back to back without g
 back to the scheduler: slots, masks, cache write positions and sampling noise for every
 pass are computed once up front as (passes, S) tensors, each pass feeds the previous
 pass's samples back in, and the burst ends early once every sequence has hit a stop
-token or its last kept pass. Per pass that leaves the model's own operators and the
-sampler; per token, no Python at all until postprocess.
+token or its last kept pass. Per pass that leaves the model's operators (or the fused
+pass) and the sampler; per token, no Python at all until postprocess.
 
 Out of scope: tensor parallelism, CUDA graphs, asynchronous scheduling (preparing step
 t+1 while step t runs); on GPU those are the vLLM backend's job.
@@ -19,17 +22,23 @@ t+1 while step t runs); on GPU those are the vLLM backend's job.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from polyrl.engine.runner import cpu_kernels
 from polyrl.engine.runner.decode_cache import DecodeCache
+from polyrl.engine.runner.fused_decode import FusedDecoder, unsupported
 from polyrl.engine.runner.paged_attention import AttnGroup, KVPool, PagedAttention
 from polyrl.engine.sampler import counter_uniforms, sample_batch
 from polyrl.engine.scheduler import ScheduledBatch
 from polyrl.engine.sequence import Sequence
 from polyrl.models.transformer import Transformer
+
+logger = logging.getLogger("polyrl.engine")
+_reported: set[str] = set()
 
 
 @dataclass
@@ -44,7 +53,8 @@ class StepOutput:
 
 
 class ModelRunner:
-    def __init__(self, model: Transformer, num_blocks: int, block_size: int, contiguous_decode: bool = True) -> None:
+    def __init__(self, model: Transformer, num_blocks: int, block_size: int, contiguous_decode: bool = True,
+                 fused_decode: bool = True) -> None:
         cfg = model.cfg
         self.model = model
         self.block_size = block_size
@@ -52,11 +62,33 @@ class ModelRunner:
         self.pool = KVPool(cfg.num_hidden_layers, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim, dtype)
         self.decode_cache = DecodeCache(self.pool) if contiguous_decode else None
         self.attention = PagedAttention(self.pool, self.decode_cache)
+        self.fused, self.fused_off_reason = self._fused_decoder(fused_decode)
+
+    def _fused_decoder(self, wanted: bool) -> tuple[FusedDecoder | None, str | None]:
+        """The fused decode pass (fused_decode.py), or None and why not."""
+        if not wanted:
+            return None, "engine.native.fused_decode is off"
+        if self.decode_cache is None:
+            return None, "fused decode reads the decode cache (engine.native.contiguous_decode is off)"
+        reason = unsupported(self.model)
+        lib = cpu_kernels.load() if reason is None else reason
+        if isinstance(lib, str):
+            if lib not in _reported:  # once per process, not once per engine
+                _reported.add(lib)
+                logger.warning("decode runs on the model's forward pass, not the fused kernels: %s", lib)
+            return None, lib
+        return FusedDecoder(self.model, self.decode_cache, lib), None
+
+    def refresh_weights(self) -> None:
+        """The model's weights changed in place: rebuild what was derived from them."""
+        if self.fused is not None:
+            self.fused.refresh()
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepOutput:
-        if batch.steps > 1:
-            return self._run_burst(batch)
+        if batch.steps > 1 or (self.fused is not None and all(batch.sampling)
+                                and all(n == 1 for n in batch.num_new_tokens)):
+            return self._run_burst(batch)  # with the fused pass, every decode-only step: one arithmetic
         ids, positions, slots, sample_rows = self._pack(batch)
         self.attention.slot_mapping = slots
         self.attention.groups = self._groups(batch)
@@ -72,18 +104,25 @@ class ModelRunner:
                           rows.top_dicts(top[None]) if top is not None else None)
 
     def _run_burst(self, batch: ScheduledBatch) -> StepOutput:
-        """batch.steps decode passes back to back; see the module docstring."""
+        """batch.steps decode passes back to back (one for a plain decode step); see the
+        module docstring."""
         seqs, K = batch.seqs, batch.steps
         bs = self.block_size
         pass_ = torch.arange(K)[:, None]  # (K, 1)
         pos = torch.tensor([s.num_computed_tokens for s in seqs])[None, :] + pass_  # (K, S) input positions
-        keep = torch.tensor(batch.burst_tokens)  # (S,)
+        keep = torch.tensor(batch.burst_tokens or [1] * len(seqs))  # (S,)
         cached = torch.tensor([s.num_cached_tokens for s in seqs])  # (S,)
         tables = self._tables(seqs)  # (S, nb)
         block = tables.gather(1, (pos // bs).clamp(max=tables.shape[1] - 1).T).T  # (K, S)
         # Passes a sequence does not keep write to the scratch slot, as do cached positions.
         slots = torch.where((pass_ < keep) & (pos >= cached), block * bs + pos % bs, self.pool.scratch_slot)
-        groups = self._burst_groups(seqs, pos, tables)
+        fused = self.fused
+        if fused is not None:  # only the rows, filled now: the burst writes nothing to the pool before its end
+            cache_rows, _, fill = self.decode_cache.rows_for(seqs, lookahead=K - 1)
+            for layer in range(self.pool.k.shape[0]) if fill is not None else ():
+                self.decode_cache.fill_layer(layer, fill)
+        else:
+            groups = self._burst_groups(seqs, pos, tables)
         rows = RowSampling(seqs)
         u = rows.uniforms(K)  # (K, S)
         stop_table = _stop_table(seqs)  # (S, m)
@@ -95,9 +134,15 @@ class ModelRunner:
         passes = 0
         write_pool = self.decode_cache is None  # else the rows are copied to the pool after the burst
         for k in range(K):
-            self.attention.slot_mapping, self.attention.groups = slots[k] if write_pool else None, [groups[k]]
-            hidden = self.model.hidden(ids[None], pos[k][None], self.attention)[0]  # (S, D)
-            ids, logprobs[k], top = rows.sample(self.model.lm_head(hidden).float(), u[k])
+            if fused is not None:
+                logits = fused.logits(ids, pos[k], cache_rows)  # (S, V)
+            else:
+                self.attention.slot_mapping, self.attention.groups = slots[k] if write_pool else None, [groups[k]]
+                logits = self.model.lm_head(self.model.hidden(ids[None], pos[k][None], self.attention)[0]).float()
+            if fused is not None and rows.plain:
+                (ids, logprobs[k]), top = fused.sample(logits, rows.temperature, u[k]), None
+            else:
+                ids, logprobs[k], top = rows.sample(logits, u[k])
             tokens[k] = ids
             if top is not None:
                 tops.append(top)
@@ -106,7 +151,8 @@ class ModelRunner:
             if bool(done.all()):
                 break
         if not write_pool:
-            self.decode_cache.write_back(groups[0].rows, pos[:passes], slots[:passes])
+            self.decode_cache.write_back(cache_rows if fused is not None else groups[0].rows, pos[:passes],
+                                         slots[:passes])
         top_lists = rows.top_dicts(torch.stack(tops)) if tops else None
         return StepOutput(tokens[:passes].T.tolist(), logprobs[:passes].T.tolist(), top_lists)
 
@@ -239,6 +285,8 @@ class RowSampling:
         self.counters = torch.tensor([s.num_completion_tokens for s in seqs])  # (M,) index of the next token
         self.sampled = any(p.temperature > 0 for p in params)
         self.num_top = max(p.logprobs for p in params)
+        self.plain = self.top_k is None and self.top_p is None and not self.num_top
+        """No truncation and no top logprobs: what the fused sampler covers."""
 
     def uniforms(self, passes: int) -> Tensor:
         """(passes, M) float64: the noise of each row's next `passes` tokens (zeros if all greedy)."""

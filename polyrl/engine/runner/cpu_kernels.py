@@ -1,0 +1,97 @@
+"""Build and load cpu_kernels.c: the fused decode kernels, compiled on first use.
+
+The source is compiled with the system C compiler ($CC, else `cc`) for this machine's
+CPU (-march=native) into the polyrl cache, named by a hash of the source, the flags, the
+compiler's version and the CPU's feature flags, so that a cache shared between machines
+never runs code built for another CPU. Loading is through ctypes: no Python headers, no
+PyTorch headers, a one-second build.
+
+`load()` returns the library, or a reason why not (no compiler, a failed build, a
+platform without ELF shared objects); the engine then keeps to the model's own forward
+pass (fused_decode.py). Nothing here raises for a missing compiler.
+
+Out of scope: Windows and macOS toolchains (they get the reason and the fallback),
+prebuilt wheels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("cpu_kernels.c")
+FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared", "-std=c99"]
+
+_f32p = ctypes.c_void_p  # every pointer travels as an address (tensor.data_ptr())
+_i64 = ctypes.c_int64
+SIGNATURES = {
+    "rms_norm": [_f32p, _f32p, _f32p, _i64, _i64, ctypes.c_float],
+    "silu_mul": [_f32p, _f32p, _i64, _i64],
+    "rope_attend": [_f32p, _i64, _i64, _i64, _i64, _f32p, _f32p, _f32p, _f32p, _f32p, _f32p, _i64, _f32p,
+                    ctypes.c_float, _f32p],
+    "sample_rows": [_f32p, _i64, _i64, _f32p, _f32p, _f32p, _f32p, _f32p],
+}
+
+_loaded: ctypes.CDLL | str | None = None
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("POLYRL_CACHE", Path.home() / ".cache" / "polyrl")) / "kernels"
+
+
+def load() -> ctypes.CDLL | str:
+    """The compiled kernels (built once per machine and source), or why they are unavailable."""
+    global _loaded
+    if _loaded is None:
+        _loaded = _build_and_load()
+    return _loaded
+
+
+def _build_and_load() -> ctypes.CDLL | str:
+    if platform.system() != "Linux":
+        return f"fused CPU kernels are built on Linux only (this is {platform.system()})"
+    cc = os.environ.get("CC", "cc")
+    if shutil.which(cc) is None:
+        return f"no C compiler ({cc!r} not found; install gcc or set CC)"
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"C compiler {cc!r} does not run: {e}"
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu_flags()]).encode())
+    target = cache_dir() / f"cpu_kernels-{key.hexdigest()[:16]}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            out = Path(tmp) / target.name
+            try:
+                done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(out), "-lm"], capture_output=True,
+                                      text=True, timeout=300)
+            except (OSError, subprocess.SubprocessError) as e:
+                return f"building {SOURCE.name} failed: {e}"
+            if done.returncode != 0:
+                return f"building {SOURCE.name} with {cc} failed: {done.stderr.strip()[-500:]}"
+            os.replace(out, target)  # atomic: concurrent builders each land a whole file
+    try:
+        lib = ctypes.CDLL(str(target))
+    except OSError as e:
+        return f"loading {target} failed: {e}"
+    for name, argtypes in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, None
+    return lib
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor()

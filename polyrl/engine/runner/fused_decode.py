@@ -1,0 +1,173 @@
+"""The engine's decode pass on fused CPU kernels (cpu_kernels.c) and matrix products.
+
+A decode pass of the trainer's Transformer is about thirty PyTorch operators per layer;
+for a small model on a few cores their dispatch and memory passes cost several times
+the arithmetic (bench/engine.py). This pass computes the same function with, per layer,
+three products (q/k/v fused, o, gate/up fused, then down) and three kernel calls
+(RMSNorm; RoPE + K/V write + attention over the decode-cache row; SiLU-and-multiply),
+and samples in one more call. It reads the model's own norm and embedding tensors and
+large layers; small projection weights get fused, transposed copies (_Product), which
+`refresh()` rebuilds after every weight update.
+
+Equivalence with the model's forward pass is tested (tests/test_engine_fused.py):
+logits agree to float32 rounding, greedy decoding gives the same tokens, and the
+engine's logprobs match the trainer's recomputation. The arithmetic is not bit-identical
+(other summation orders, a polynomial exp), so the engine runs every decode step
+through this pass when it is on, never a mix, and prefill chunks always through the
+model's forward.
+
+Used when the model is float32 on CPU, of the plain Llama/Qwen2 shape (q/k/v biases
+allowed; no q/k norms), with the decode cache on and the kernels built
+(cpu_kernels.load). Otherwise `unsupported` names the reason and the runner keeps to
+the model's forward.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from polyrl.engine.runner.decode_cache import DecodeCache
+from polyrl.engine.runner.packed_linear import MIN_PACKED_ELEMENTS
+from polyrl.models.transformer import Transformer, rope_cos_sin
+
+MAX_HEAD_DIM = 512  # cpu_kernels.c's rope_attend keeps one rotated query on the stack
+
+
+def unsupported(model: Transformer) -> str | None:
+    """Why the fused pass cannot run this model, or None when it can."""
+    cfg = model.cfg
+    p = next(model.parameters())
+    if p.device.type != "cpu" or p.dtype != torch.float32:
+        return f"fused decode needs float32 weights on CPU, not {p.dtype} on {p.device.type}"
+    if cfg.qk_norm:
+        return "fused decode does not cover q/k norms (Qwen3)"
+    if cfg.head_dim % 2 or cfg.head_dim > MAX_HEAD_DIM:
+        return f"fused decode needs an even head_dim <= {MAX_HEAD_DIM}, not {cfg.head_dim}"
+    if cfg.num_attention_heads % cfg.num_key_value_heads:
+        return "num_attention_heads must be a multiple of num_key_value_heads"
+    return None
+
+
+class _Product:
+    """x @ W.T (+ b) over one or more of the model's linear layers, outputs side by side.
+
+    Small weights (the built-in model's all) run as one fused, transposed copy through
+    torch.mm into a reused buffer: one call instead of three. Large ones run through the
+    model's own modules, oneDNN-packed where the engine packed them (packed_linear.py),
+    so a big model's weights are never copied again."""
+
+    def __init__(self, linears: list[nn.Module]) -> None:
+        self.linears = linears
+        self.out_features = sum(m.out_features for m in linears)
+        self.wt = self.bias = None
+        if sum(m.weight.numel() for m in linears) < MIN_PACKED_ELEMENTS:
+            self.wt = torch.cat([m.weight.detach() for m in linears]).t().contiguous()  # (in, out)
+            if any(m.bias is not None for m in linears):
+                self.bias = torch.cat([m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.out_features)
+                                       for m in linears])
+
+    def __call__(self, x: Tensor, out: Tensor) -> Tensor:
+        """x (rows, in) -> (rows, out_features), into `out` where it can."""
+        if self.wt is None:
+            ys = [m(x) for m in self.linears]
+            return ys[0] if len(ys) == 1 else torch.cat(ys, dim=1, out=out)
+        if self.bias is None:
+            return torch.mm(x, self.wt, out=out)
+        return torch.addmm(self.bias, x, self.wt, out=out)
+
+    def add_to(self, x: Tensor, y: Tensor) -> None:
+        """x += y @ W.T (+ b), in place: the residual (a single layer)."""
+        if self.wt is None:
+            x.add_(self.linears[0](y))
+            return
+        x.addmm_(y, self.wt)
+        if self.bias is not None:
+            x.add_(self.bias)
+
+
+class FusedDecoder:
+    def __init__(self, model: Transformer, cache: DecodeCache, lib: ctypes.CDLL) -> None:
+        reason = unsupported(model)
+        assert reason is None, reason
+        self.model, self.cache, self.lib = model, cache, lib
+        cfg = model.cfg
+        self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.eps = float(cfg.rms_norm_eps)
+        self.scale = float(self.hd ** -0.5)
+        self.cos = self.sin = torch.empty(0, self.hd)
+        self.buffers: dict[str, Tensor] = {}
+        self.refresh()
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Rebuild the fused weight copies from the model's current weights (after the
+        engine has repacked its packed layers)."""
+        self.layers = []
+        for layer in self.model.model.layers:
+            a, m = layer.self_attn, layer.mlp
+            self.layers.append((layer.input_layernorm.weight, _Product([a.q_proj, a.k_proj, a.v_proj]),
+                                _Product([a.o_proj]), layer.post_attention_layernorm.weight,
+                                _Product([m.gate_proj, m.up_proj]), _Product([m.down_proj])))
+        self.head = _Product([self.model.lm_head])
+
+    @torch.inference_mode()
+    def logits(self, ids: Tensor, pos: Tensor, rows: Tensor) -> Tensor:
+        """One decode token per sequence: ids, pos, rows (S,) long (token, its position, its
+        decode-cache row, whose positions < pos must hold the context) -> logits (S, V)
+        float32. Writes each layer's new K/V into the rows at pos."""
+        lib, S = self.lib, ids.shape[0]
+        pos, rows = pos.contiguous(), rows.contiguous()
+        self._rope_tables(int(pos.max()) + 1)
+        x = self.model.model.embed_tokens.weight.index_select(0, ids)  # (S, D), the residual stream
+        D = x.shape[1]
+        h = self._buffer("h", S, D)
+        attn = self._buffer("attn", S, self.nh * self.hd)
+        kc, vc = self.cache.k, self.cache.v  # (layers, rows, nkv, L, hd)
+        L = kc.shape[3]
+        scores = self._buffer("scores", 1, L)
+        layer_bytes = kc.stride(0) * kc.element_size()
+        for i, (norm1, qkv, o, norm2, gate_up, down) in enumerate(self.layers):
+            lib.rms_norm(x.data_ptr(), norm1.data_ptr(), h.data_ptr(), S, D, self.eps)
+            q = qkv(h, self._buffer("qkv", S, qkv.out_features))
+            lib.rope_attend(q.data_ptr(), S, self.nh, self.nkv, self.hd, self.cos.data_ptr(), self.sin.data_ptr(),
+                            pos.data_ptr(), rows.data_ptr(), kc.data_ptr() + i * layer_bytes,
+                            vc.data_ptr() + i * layer_bytes, L, attn.data_ptr(), self.scale, scores.data_ptr())
+            o.add_to(x, attn)
+            lib.rms_norm(x.data_ptr(), norm2.data_ptr(), h.data_ptr(), S, D, self.eps)
+            gu = gate_up(h, self._buffer("gate_up", S, gate_up.out_features))
+            act = self._buffer("act", S, gu.shape[1] // 2)
+            lib.silu_mul(gu.data_ptr(), act.data_ptr(), S, act.shape[1])
+            down.add_to(x, act)
+        lib.rms_norm(x.data_ptr(), self.model.model.norm.weight.data_ptr(), h.data_ptr(), S, D, self.eps)
+        return self.head(h, torch.empty(S, self.head.out_features))  # returned: the caller may keep it
+
+    def _buffer(self, name: str, rows: int, cols: int) -> Tensor:
+        """A reused (rows, cols) float32 scratch tensor (contents undefined)."""
+        buf = self.buffers.get(name)
+        if buf is None or buf.shape[1] != cols or buf.shape[0] < rows:
+            buf = self.buffers[name] = torch.empty(max(rows, 64), cols)
+        return buf[:rows]
+
+    def sample(self, logits: Tensor, temperature: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+        """sampler.sample_batch without top-k/top-p: logits (M, V) float32, temperature (M,)
+        float32 (0 = greedy), u (M,) float64 -> tokens (M,) long, logprobs (M,)."""
+        logits, temperature, u = logits.contiguous(), temperature.contiguous(), u.contiguous()
+        M, V = logits.shape
+        tokens = torch.empty(M, dtype=torch.long)
+        logprobs = torch.empty(M)
+        work = torch.empty(V)
+        self.lib.sample_rows(logits.data_ptr(), M, V, temperature.data_ptr(), u.data_ptr(), tokens.data_ptr(),
+                             logprobs.data_ptr(), work.data_ptr())
+        return tokens, logprobs
+
+    def _rope_tables(self, positions: int) -> None:
+        """cos/sin tables (P, hd) covering `positions`, exactly as the model computes them."""
+        if positions <= self.cos.shape[0]:
+            return
+        P = max(positions, 2 * self.cos.shape[0], 256)
+        cos, sin = rope_cos_sin(torch.arange(P)[None], self.hd, self.model.cfg.rope_theta, torch.float32)
+        self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()

@@ -1,0 +1,149 @@
+"""The fused decode pass (engine/runner/fused_decode.py over cpu_kernels.c): the model's
+function to float32 rounding at mixed positions, a sampler equal to sample_batch, weights
+that follow updates, and fallbacks that say why."""
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from polyrl.engine.base import SamplingParams
+from polyrl.engine.config import PagedConfig
+from polyrl.engine.paged import PagedEngine
+from polyrl.engine.runner import cpu_kernels
+from polyrl.engine.runner.fused_decode import FusedDecoder, unsupported
+from polyrl.engine.sampler import counter_uniforms, sample_batch
+from polyrl.models.config import ModelConfig
+from polyrl.models.transformer import Transformer
+from tests.helpers import tiny_model, tiny_tokenizer
+from tests.test_engine_dense import PROMPTS, naive_greedy
+
+SHAPES = {  # head sizes 16 (generic kernel path), 32 and 64 (unrolled); biases; tied and untied heads
+    "qwen2_hd16_gqa": dict(model_type="qwen2", hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                           num_key_value_heads=2, tie_word_embeddings=True),
+    "llama_hd32_gqa_biased": dict(model_type="llama", hidden_size=128, intermediate_size=384, num_attention_heads=4,
+                                  num_key_value_heads=2, attention_bias=True),
+    "llama_hd64_mha": dict(model_type="llama", hidden_size=128, intermediate_size=256, num_attention_heads=2),
+    "llama_large_layers": dict(model_type="llama", hidden_size=256, intermediate_size=704, num_attention_heads=4,
+                               num_key_value_heads=1),  # gate/up and lm_head run through the model's own modules
+}
+
+
+@pytest.fixture(scope="module")
+def lib():
+    lib = cpu_kernels.load()
+    if isinstance(lib, str):
+        pytest.skip(f"fused kernels unavailable here: {lib}")
+    return lib
+
+
+def random_model(shape: dict, seed: int = 0, vocab: int = 300, layers: int = 2) -> Transformer:
+    model = Transformer(ModelConfig(vocab_size=vocab, num_hidden_layers=layers, **shape), seed=seed).eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():  # non-trivial biases and norm weights, so that those paths count
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(torch.randn(p.shape, generator=g) * 0.1)
+    return model
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_fused_logits_equal_the_model_forward_at_mixed_positions(lib, name):
+    model = random_model(SHAPES[name])
+    cfg = model.cfg
+    S, T = 5, 9
+    cache = SimpleNamespace(k=torch.zeros(cfg.num_hidden_layers, S + 2, cfg.num_key_value_heads, 16, cfg.head_dim))
+    cache.v = torch.zeros_like(cache.k)
+    fused = FusedDecoder(model, cache, lib)
+    tokens = torch.randint(0, cfg.vocab_size, (S, T))
+    rows = torch.tensor([2, 0, 6, 3, 1])  # sequence i lives in cache row rows[i]
+    done = [0] * S  # tokens fed so far per sequence
+    # Sequences advance unevenly, so one call mixes positions (and rows come in any order).
+    for active in [range(S), [0, 2, 4], [0, 2], range(S), [1, 3, 4], range(S), [0, 1, 2, 3], range(S), [4]]:
+        active = list(active)
+        ids = torch.tensor([int(tokens[i, done[i]]) for i in active])
+        pos = torch.tensor([done[i] for i in active])
+        logits = fused.logits(ids, pos, rows[active])
+        with torch.no_grad():
+            for j, i in enumerate(active):
+                expected = model(tokens[i:i + 1, :done[i] + 1])[0, -1]
+                torch.testing.assert_close(logits[j], expected, rtol=1e-4, atol=2e-5)
+        for i in active:
+            done[i] += 1
+
+
+def test_fused_sampler_equals_sample_batch(lib):
+    g = torch.Generator().manual_seed(0)
+    M, V = 64, 300
+    logits = torch.randn(M, V, generator=g) * 3
+    temperature = torch.tensor([0.0, 0.5, 1.0, 1.7] * (M // 4))
+    u = counter_uniforms(torch.arange(M) * 7919, torch.zeros(M, dtype=torch.long))
+    cache = SimpleNamespace(k=torch.zeros(1, 1, 1, 1, 16))
+    fused = FusedDecoder(random_model(SHAPES["qwen2_hd16_gqa"], layers=1), cache, lib)
+    tokens, logprobs = fused.sample(logits, temperature, u)
+    expected_tokens, expected_logprobs, _ = sample_batch(logits, temperature, None, None, u)
+    assert tokens.tolist() == expected_tokens.tolist()
+    torch.testing.assert_close(logprobs, expected_logprobs, rtol=1e-5, atol=1e-5)
+    assert len(set(tokens[1::4].tolist())) > 8  # sampled rows really sample
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    tok = tiny_tokenizer(tmp_path_factory.mktemp("tok"))
+    return tok, [tok.encode(tok.chat_prompt(p)) for p in PROMPTS]
+
+
+def engine(model, tok, **kw) -> PagedEngine:
+    return PagedEngine(copy.deepcopy(model), tok, PagedConfig(**kw))
+
+
+@pytest.mark.parametrize("name", ["qwen2_hd16_gqa", "llama_large_layers"])
+def test_engine_on_the_fused_pass_equals_the_model_forward_pass(lib, setup, name):
+    tok, prompts = setup
+    model = random_model(SHAPES[name], vocab=tok.vocab_size)
+    fused, plain = engine(model, tok, block_size=4), engine(model, tok, block_size=4, fused_decode=False)
+    assert fused.runner.fused is not None and plain.runner.fused is None
+    assert plain.runner.fused_off_reason == "engine.native.fused_decode is off"
+    greedy = SamplingParams(temperature=0, max_tokens=12)
+    outs = fused.generate(prompts, 2, greedy)
+    for c, d in zip(outs, plain.generate(prompts, 2, greedy)):
+        assert c.token_ids == d.token_ids == naive_greedy(model, prompts[c.prompt_index], 12, set(tok.stop_token_ids()))
+        torch.testing.assert_close(torch.tensor(c.logprobs), torch.tensor(d.logprobs), rtol=1e-4, atol=1e-4)
+    sampled = SamplingParams(temperature=1.0, max_tokens=12, seed=3, ignore_eos=True)
+    a, b = fused.generate(prompts, 4, sampled), plain.generate(prompts, 4, sampled)
+    assert [c.token_ids for c in a] == [c.token_ids for c in b]  # same noise, same distribution
+    # New weights reach the fused copies (and the repacked layers of the large shape).
+    other = random_model(SHAPES[name], seed=9, vocab=tok.vocab_size)
+    fused.update_weights(other.state_dict(), version=1)
+    c = fused.generate(prompts[:1], 1, greedy)[0]
+    assert c.token_ids == naive_greedy(other, prompts[0], 12, set(tok.stop_token_ids())) and c.weight_version == 1
+
+
+def test_models_and_settings_the_fused_pass_does_not_cover_fall_back_with_a_reason(lib, setup):
+    tok, prompts = setup
+    qwen3 = random_model(dict(model_type="qwen3", hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                              num_key_value_heads=2), vocab=tok.vocab_size)
+    assert "q/k norms" in unsupported(qwen3)
+    eng = engine(qwen3, tok, block_size=4)
+    assert eng.runner.fused is None and "q/k norms" in eng.runner.fused_off_reason
+    c = eng.generate(prompts[:1], 1, SamplingParams(temperature=0, max_tokens=6))[0]
+    assert c.token_ids == naive_greedy(qwen3, prompts[0], 6, set(tok.stop_token_ids()))
+    assert "float32" in unsupported(tiny_model(tok.vocab_size).to(torch.float64))
+    uncached = engine(tiny_model(tok.vocab_size), tok, contiguous_decode=False)
+    assert uncached.runner.fused is None and "contiguous_decode" in uncached.runner.fused_off_reason
+
+
+def test_kernel_build_failures_are_reasons_not_crashes(monkeypatch, tmp_path):
+    monkeypatch.setenv("POLYRL_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", "no-such-compiler-polyrl")
+    assert "no C compiler" in cpu_kernels._build_and_load()
+    monkeypatch.delenv("CC")
+    if isinstance(cpu_kernels.load(), str):
+        pytest.skip("no working C compiler here")
+    broken = tmp_path / "broken.c"
+    broken.write_text("void rms_norm(void) { this is not C }\n")
+    monkeypatch.setattr(cpu_kernels, "SOURCE", broken)
+    reason = cpu_kernels._build_and_load()
+    assert "failed" in reason and "broken.c" in reason
+    assert not list((tmp_path / "kernels").glob("*.so"))  # nothing half-built is left to load
