@@ -1,7 +1,7 @@
 """Build and load cpu_kernels.c: the fused decode kernels, compiled on first use.
 
 The source is compiled with the system C compiler ($CC, else `cc`) for this machine's
-CPU (-march=native) into the polyrl cache, named by a hash of the source, the flags, the
+CPU (-march=native) into the polyrl cache (POLYRL_CACHE, as for the tiny models), named by a hash of the source, the flags, the
 compiler's version and the CPU's feature flags, so that a cache shared between machines
 never runs code built for another CPU. Loading is through ctypes: no Python headers, no
 PyTorch headers, a one-second build.
@@ -41,10 +41,6 @@ SIGNATURES = {
 _loaded: ctypes.CDLL | str | None = None
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("POLYRL_CACHE", Path.home() / ".cache" / "polyrl")) / "kernels"
-
-
 def load() -> ctypes.CDLL | str:
     """The compiled kernels (built once per machine and source), or why they are unavailable."""
     global _loaded
@@ -64,7 +60,9 @@ def _build_and_load() -> ctypes.CDLL | str:
     except (OSError, subprocess.SubprocessError) as e:
         return f"C compiler {cc!r} does not run: {e}"
     key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu_flags()]).encode())
-    target = cache_dir() / f"cpu_kernels-{key.hexdigest()[:16]}.so"
+    from polyrl.models.tiny import cache_dir  # here, not at import: it pulls in the tiny model's builder
+
+    target = cache_dir() / "kernels" / f"cpu_kernels-{key.hexdigest()[:16]}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
