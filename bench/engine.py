@@ -14,7 +14,9 @@ alike (the load average is printed with each repeat):
      vocab 16384, tied embeddings);
    engines: polyrl paged (the default, "polyrl"), the same paged engine as one worker
    process per thread sharing the weights ("dp", engine.native.workers; with --threads
-   > 1), polyrl dense (the reference engine), HF `generate` (same process, same
+   > 1), the paged engine with its decode on the model's own forward pass instead of
+   the fused kernels ("unfused", engine.native.fused_decode false: the A/B of
+   runner/fused_decode.py), polyrl dense (the reference engine), HF `generate` (same process, same
    weights), vLLM CPU (a persistent subprocess running this file under .venv-vllm,
    when that environment exists). Medians over repeats, and ratios polyrl / peer;
 2. a GRPO-shaped workload (16 prompts x G=8 samples, 96-token prompts, 32 tokens):

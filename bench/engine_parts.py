@@ -157,6 +157,7 @@ def throughput(name: str, model_dir: Path, batches: list[int], args, vllm_python
     model = load_pretrained(model_dir)[0].eval()
     vocab = model.cfg.vocab_size
     engines = {"polyrl": PagedEngine(copy.deepcopy(model), NoTextTokenizer()),
+               "unfused": PagedEngine(copy.deepcopy(model), NoTextTokenizer(), PagedConfig(fused_decode=False)),
                "dense": DenseEngine(copy.deepcopy(model), NoTextTokenizer())}
     if args.threads > 1:  # the same paged engine as one worker process per thread (engine/parallel.py)
         engines["dp"] = DataParallelEngine(copy.deepcopy(model), NoTextTokenizer(), workers=args.threads,
@@ -198,7 +199,7 @@ def throughput(name: str, model_dir: Path, batches: list[int], args, vllm_python
     return runs
 
 
-OURS, PEERS = ("polyrl", "dp"), ("dense", "hf", "vllm")
+OURS, PEERS = ("polyrl", "dp"), ("unfused", "dense", "hf", "vllm")
 
 
 def median_table(name: str, model_dir: Path, runs: dict, batches: list[int], bound: dict) -> None:

@@ -147,3 +147,16 @@ def test_kernel_build_failures_are_reasons_not_crashes(monkeypatch, tmp_path):
     reason = cpu_kernels._build_and_load()
     assert "failed" in reason and "broken.c" in reason
     assert not list((tmp_path / "kernels").glob("*.so"))  # nothing half-built is left to load
+
+
+def test_positions_past_the_cache_raise_instead_of_writing_out_of_bounds(lib):
+    model = random_model(SHAPES["qwen2_hd16_gqa"], layers=1)
+    cfg = model.cfg
+    cache = SimpleNamespace(k=torch.zeros(1, 2, cfg.num_key_value_heads, 4, cfg.head_dim))
+    cache.v = torch.zeros_like(cache.k)
+    fused = FusedDecoder(model, cache, lib)
+    with pytest.raises(IndexError, match="cannot hold"):
+        fused.logits(torch.tensor([1]), torch.tensor([4]), torch.tensor([0]))
+    with pytest.raises(IndexError, match="cannot hold"):
+        fused.logits(torch.tensor([1]), torch.tensor([0]), torch.tensor([2]))
+    assert fused.logits(torch.tensor([1, 2]), torch.tensor([0, 3]), torch.tensor([1, 0])).shape == (2, 300)

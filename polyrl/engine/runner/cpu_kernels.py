@@ -1,10 +1,16 @@
 """Build and load cpu_kernels.c: the fused decode kernels, compiled on first use.
 
 The source is compiled with the system C compiler ($CC, else `cc`) for this machine's
-CPU (-march=native) into the polyrl cache (POLYRL_CACHE, as for the tiny models), named by a hash of the source, the flags, the
-compiler's version and the CPU's feature flags, so that a cache shared between machines
-never runs code built for another CPU. Loading is through ctypes: no Python headers, no
-PyTorch headers, a one-second build.
+CPU (-march=native) into the polyrl cache (POLYRL_CACHE, as for the tiny models). The
+file is named by a hash of the source, the flags, the compiler's version and the CPU's
+feature flags, so a cache shared between machines never runs code built for another
+CPU. Loading is through ctypes: no Python headers, no PyTorch headers, a one-second
+build.
+
+The flags allow what the kernels need to vectorise and nothing that changes results:
+-fopenmp-simd honours their `omp simd` reductions without linking an OpenMP runtime,
+and -fno-math-errno / -fno-trapping-math let comparisons and sqrt become vector
+instructions. No -ffast-math: NaN and infinity keep their meaning.
 
 `load()` returns the library, or a reason why not (no compiler, a failed build, a
 platform without ELF shared objects); the engine then keeps to the model's own forward
@@ -26,16 +32,17 @@ import tempfile
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
-FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared", "-std=c99"]
+FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared",
+         "-std=c99"]
 
-_f32p = ctypes.c_void_p  # every pointer travels as an address (tensor.data_ptr())
+_ptr = ctypes.c_void_p  # every pointer (float, double, int64) travels as an address: tensor.data_ptr()
 _i64 = ctypes.c_int64
 SIGNATURES = {
-    "rms_norm": [_f32p, _f32p, _f32p, _i64, _i64, ctypes.c_float],
-    "silu_mul": [_f32p, _f32p, _i64, _i64],
-    "rope_attend": [_f32p, _i64, _i64, _i64, _i64, _f32p, _f32p, _f32p, _f32p, _f32p, _f32p, _i64, _f32p,
-                    ctypes.c_float, _f32p],
-    "sample_rows": [_f32p, _i64, _i64, _f32p, _f32p, _f32p, _f32p, _f32p],
+    "rms_norm": [_ptr, _ptr, _ptr, _i64, _i64, ctypes.c_float],
+    "silu_mul": [_ptr, _ptr, _i64, _i64],
+    "rope_attend": [_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr,
+                    ctypes.c_float, _ptr],
+    "sample_rows": [_ptr, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr],
 }
 
 _loaded: ctypes.CDLL | str | None = None

@@ -1,11 +1,11 @@
 """The engine's decode pass on fused CPU kernels (cpu_kernels.c) and matrix products.
 
 A decode pass of the trainer's Transformer is about thirty PyTorch operators per layer;
-for a small model on a few cores their dispatch and memory passes cost several times
-the arithmetic (bench/engine.py). This pass computes the same function with, per layer,
-three products (q/k/v fused, o, gate/up fused, then down) and three kernel calls
-(RMSNorm; RoPE + K/V write + attention over the decode-cache row; SiLU-and-multiply),
-and samples in one more call. It reads the model's own norm and embedding tensors and
+for a small model on a few cores their dispatch and memory passes cost more than the
+arithmetic (bench/engine.py's "unfused" engine is that path). This pass computes the
+same function with, per layer, four products (q/k/v fused, o, gate/up fused, down) and
+three kernel calls (RMSNorm; RoPE + K/V write + attention over the decode-cache row;
+SiLU-and-multiply), and samples in one more call. It reads the model's own norm and embedding tensors and
 large layers; small projection weights get fused, transposed copies (_Product), which
 `refresh()` rebuilds after every weight update.
 
@@ -121,13 +121,16 @@ class FusedDecoder:
         float32. Writes each layer's new K/V into the rows at pos."""
         lib, S = self.lib, ids.shape[0]
         pos, rows = pos.contiguous(), rows.contiguous()
-        self._rope_tables(int(pos.max()) + 1)
+        kc, vc = self.cache.k, self.cache.v  # (layers, rows, nkv, L, hd)
+        L, last = kc.shape[3], int(pos.max())
+        if last >= L or int(rows.max()) >= kc.shape[1] or int(pos.min()) < 0:  # C would write out of bounds
+            raise IndexError(f"decode cache {tuple(kc.shape)} cannot hold positions up to {last} "
+                             f"in rows up to {int(rows.max())}")
+        self._rope_tables(last + 1)
         x = self.model.model.embed_tokens.weight.index_select(0, ids)  # (S, D), the residual stream
         D = x.shape[1]
         h = self._buffer("h", S, D)
         attn = self._buffer("attn", S, self.nh * self.hd)
-        kc, vc = self.cache.k, self.cache.v  # (layers, rows, nkv, L, hd)
-        L = kc.shape[3]
         scores = self._buffer("scores", 1, L)
         layer_bytes = kc.stride(0) * kc.element_size()
         for i, (norm1, qkv, o, norm2, gate_up, down) in enumerate(self.layers):

@@ -88,7 +88,7 @@ class ModelRunner:
     def run(self, batch: ScheduledBatch) -> StepOutput:
         if batch.steps > 1 or (self.fused is not None and all(batch.sampling)
                                 and all(n == 1 for n in batch.num_new_tokens)):
-            return self._run_burst(batch)  # with the fused pass, every decode-only step: one arithmetic
+            return self._run_burst(batch)  # fused: bursts and single decode steps share one arithmetic
         ids, positions, slots, sample_rows = self._pack(batch)
         self.attention.slot_mapping = slots
         self.attention.groups = self._groups(batch)
@@ -117,10 +117,11 @@ class ModelRunner:
         # Passes a sequence does not keep write to the scratch slot, as do cached positions.
         slots = torch.where((pass_ < keep) & (pos >= cached), block * bs + pos % bs, self.pool.scratch_slot)
         fused = self.fused
-        if fused is not None:  # only the rows, filled now: the burst writes nothing to the pool before its end
+        if fused is not None:  # only the rows; fresh ones filled now, as the burst writes no pool block before its end
             cache_rows, _, fill = self.decode_cache.rows_for(seqs, lookahead=K - 1)
-            for layer in range(self.pool.k.shape[0]) if fill is not None else ():
-                self.decode_cache.fill_layer(layer, fill)
+            if fill is not None:
+                for layer in range(self.pool.k.shape[0]):
+                    self.decode_cache.fill_layer(layer, fill)
         else:
             groups = self._burst_groups(seqs, pos, tables)
         rows = RowSampling(seqs)
