@@ -14,8 +14,9 @@
 #include <stdint.h>
 #include <string.h>
 
-/* exp(x) to within a few ulp over [-87, 88] (clamped outside; Cephes' expf polynomial):
-   2^n * p(r), with x = n ln2 + r, |r| <= ln2 / 2. Branch-free, so loops over it vectorise. */
+/* exp(x) for finite x, to within a few ulp over [-87, 88] and clamped outside it
+   (Cephes' expf polynomial): 2^n * p(r), with x = n ln2 + r, |r| <= ln2 / 2.
+   Branch-free, so loops over it vectorise. Callers pass finite values only. */
 static inline float fast_exp(float x) {
     x = x < -87.0f ? -87.0f : x;
     x = x > 88.0f ? 88.0f : x;
@@ -33,7 +34,8 @@ static inline float fast_exp(float x) {
 }
 
 /* y[i] = x[i] / sqrt(mean(x[i]^2) + eps) * w, rows of d. */
-void rms_norm(const float *restrict x, const float *restrict w, float *restrict y, int64_t rows, int64_t d, float eps) {
+void rms_norm(const float *restrict x, const float *restrict w, float *restrict y, int64_t rows, int64_t d,
+              float eps) {
     for (int64_t i = 0; i < rows; i++) {
         const float *xi = x + i * d;
         float *yi = y + i * d;

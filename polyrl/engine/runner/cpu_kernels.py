@@ -10,7 +10,7 @@ build.
 The flags allow what the kernels need to vectorise and nothing that changes results:
 -fopenmp-simd honours their `omp simd` reductions without linking an OpenMP runtime,
 and -fno-math-errno / -fno-trapping-math let comparisons and sqrt become vector
-instructions. No -ffast-math: NaN and infinity keep their meaning.
+instructions. No -ffast-math: nothing is reassociated beyond the marked reductions.
 
 `load()` returns the library, or a reason why not (no compiler, a failed build, a
 platform without ELF shared objects); the engine then keeps to the model's own forward
