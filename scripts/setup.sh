@@ -23,4 +23,15 @@ if ! command -v bwrap >/dev/null 2>&1; then
     echo "setup: bubblewrap missing; install it with: sudo apt-get install bubblewrap" >&2
   fi
 fi
+# The rollout engine's fused decode kernels are compiled on first use; without a C
+# compiler the engine still runs, on the model's own forward pass (about half the rollout
+# speed on small models).
+if ! command -v "${CC:-cc}" >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    (apt-get install -y -qq gcc >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq gcc; }) \
+      || echo "setup: could not install gcc; the engine will decode without its fused kernels" >&2
+  else
+    echo "setup: no C compiler; for the engine's fused kernels install one: sudo apt-get install gcc" >&2
+  fi
+fi
 echo "setup: polyrl installed in .venv"
