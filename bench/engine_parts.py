@@ -274,6 +274,7 @@ def rl_step_vs_trl(workdir: Path, vllm_python: Path | None, args) -> None:
 def polyrl_rl_steps(model_dir: Path, kind: str, args) -> list[float]:
     """Seconds of args.repeats GRPO steps (after one untimed): rollout, reward, advantages, loss,
     AdamW step, weight update of the engine."""
+    from polyrl.config import TrainerConfig
     from polyrl.rl.advantages import group_advantages
     from polyrl.rollout.groups import Group
     from polyrl.train.batch import build_batch
@@ -285,9 +286,9 @@ def polyrl_rl_steps(model_dir: Path, kind: str, args) -> list[float]:
     engine = (DataParallelEngine(copy.deepcopy(policy), tok, workers=args.threads, threads_per_worker=1)
               if kind == "dp" else PagedEngine(copy.deepcopy(policy), tok))
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-4, betas=(0.9, 0.99))
-    cfg = SimpleNamespace(seed=0, engine=SimpleNamespace(temperature=1.0),
-                          trainer=SimpleNamespace(ppo_epochs=1, minibatches=1, clip_low=0.2, clip_high=0.28,
-                                                  max_grad_norm=1.0))
+    cfg = SimpleNamespace(seed=0, engine=SimpleNamespace(temperature=1.0),  # the run file's trainer defaults
+                          trainer=TrainerConfig(ppo_epochs=1, minibatches=1, clip_low=0.2, clip_high=0.28,
+                                                max_grad_norm=1.0))
     prompt_ids = [tok.encode(p) for p in TRL_PROMPTS]
     tasks = [Task(id=str(i), domain="bench", prompt=p) for i, p in enumerate(TRL_PROMPTS)]
     times = []

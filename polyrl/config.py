@@ -174,6 +174,12 @@ class TrainerConfig(BaseModel):
     """passes over each rollout batch"""
     minibatches: int = Field(1, gt=0)
     """minibatches per epoch; must divide prompts_per_step * group_size"""
+    micro_batch_tokens: int = Field(8192, gt=0)
+    """padded tokens per forward/backward pass: a minibatch runs as length-sorted pieces of at
+    most this many (gradients accumulate); bounds the activations held for the backward pass"""
+    shared_prefix: bool = True
+    """run the prefix a group's samples share (the prompt) once per group in the update,
+    not once per sample (train/packing.py); false pads every sample's full row"""
     overlong: Literal["mask", "penalty", "none"] = "mask"
     """truncated completions: "mask" drops them from the loss, "penalty" trains on them with reward 0"""
     drop_zero_variance: bool = True

@@ -24,13 +24,16 @@ class TrainBatch:
     advantages: torch.Tensor  # (B,)
     kl_coef: torch.Tensor     # (B,) per-sample KL weight (its domain's coefficient)
     domains: list[str]        # (B,)
+    lengths: torch.Tensor     # (B,) tokens in each row before its padding
+    groups: torch.Tensor      # (B,) index of the group each row's sample belongs to
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
     def select(self, rows: torch.Tensor) -> "TrainBatch":
         return TrainBatch(self.input_ids[rows], self.targets[rows], self.mask[rows], self.old_logp[rows],
-                          self.advantages[rows], self.kl_coef[rows], [self.domains[i] for i in rows.tolist()])
+                          self.advantages[rows], self.kl_coef[rows], [self.domains[i] for i in rows.tolist()],
+                          self.lengths[rows], self.groups[rows])
 
 
 def training_rows(g: Group, j: int) -> list[tuple[list[int], list[int], list[float]]]:
@@ -49,7 +52,7 @@ def build_batch(groups: list[Group], advantages: list[list[float]], sample_weigh
                 kl_coef: dict[str, float]) -> TrainBatch:
     """One row per training row of every sample of every group given (training_rows);
     advantages/sample_weight are per group, per sample, and apply to all of a sample's rows."""
-    rows = [(g, a, w, row) for g, g_adv, g_w in zip(groups, advantages, sample_weight)
+    rows = [(gi, g, a, w, row) for gi, (g, g_adv, g_w) in enumerate(zip(groups, advantages, sample_weight))
             for j, (a, w) in enumerate(zip(g_adv, g_w)) for row in training_rows(g, j)]
     T = max(len(ids) for *_, (ids, _, _) in rows)
     B = len(rows)
@@ -60,7 +63,9 @@ def build_batch(groups: list[Group], advantages: list[list[float]], sample_weigh
     adv = torch.zeros(B)
     coef = torch.zeros(B)
     domains = []
-    for b, (g, a, w, (ids, loss_mask, logps)) in enumerate(rows):
+    lengths = torch.tensor([len(ids) for *_, (ids, _, _) in rows])
+    group_of = torch.tensor([gi for gi, *_ in rows])
+    for b, (_, g, a, w, (ids, loss_mask, logps)) in enumerate(rows):
         n = len(ids)
         input_ids[b, :n] = torch.tensor(ids)
         targets[b, :n - 1] = torch.tensor(ids[1:])
@@ -70,7 +75,7 @@ def build_batch(groups: list[Group], advantages: list[list[float]], sample_weigh
         adv[b] = a
         coef[b] = kl_coef[g.task.domain]
         domains.append(g.task.domain)
-    return TrainBatch(input_ids, targets, mask, old_logp, adv, coef, domains)
+    return TrainBatch(input_ids, targets, mask, old_logp, adv, coef, domains, lengths, group_of)
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:

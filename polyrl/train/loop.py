@@ -29,7 +29,7 @@ from polyrl.models.hf_io import save_pretrained
 from polyrl.rl.advantages import group_advantages, zero_variance_groups
 from polyrl.rl.curriculum import CapabilityCurriculum, allocate
 from polyrl.rl.kl_control import PerDomainKL
-from polyrl.rl.loss import clipped_tokens, kl_k3, kl_penalty, masked_mean, policy_loss
+from polyrl.rl.loss import clipped_tokens, kl_k3, kl_penalty, policy_loss
 from polyrl.rl.overlong import overlong_mask, overlong_rewards
 from polyrl.obs.store import ObsStore
 from polyrl.quality.quarantine import RewardMonitor
@@ -39,6 +39,7 @@ from polyrl.sandbox.execution_log import ExecutionLog
 from polyrl.train.batch import build_batch, token_entropy, token_logprobs
 from polyrl.train.display import Display
 from polyrl.train.evaluate import evaluate
+from polyrl.train.packing import piece_logits, plan
 from polyrl.train.run_dir import RunDir
 from polyrl.train.setup import Domains, build_curriculum, build_domains, load_policy, resolve_model_dir, step_seed
 
@@ -194,48 +195,72 @@ def capability(evaluation: dict[str, dict]) -> dict[str, float]:
 
 def update(policy, ref, optimizer, batch, cfg: RunConfig, step: int) -> dict:
     """ppo_epochs passes of minibatch updates over one rollout batch; returns per-domain stats
-    (KL, entropy, clip fraction) measured on the first pass."""
+    (KL, entropy, clip fraction) measured on the first pass.
+
+    Each minibatch is one optimizer step over its pieces (train/packing.py: shared prefixes
+    computed once, rows in length-sorted micro-batches of at most trainer.micro_batch_tokens),
+    whose gradients add up to the whole minibatch's."""
     tc = cfg.trainer
     temperature = cfg.engine.temperature
     policy.train()
-    ref_logp = None
-    if ref is not None:
-        with torch.no_grad():
-            ref_logp = token_logprobs(ref(batch.input_ids), batch.targets, temperature)
+    ref_logp = reference_logprobs(ref, batch, tc, temperature) if ref is not None else None
     g = torch.Generator().manual_seed(step_seed(cfg.seed, step, "minibatch"))
     per_domain: dict[str, dict[str, list]] = {}
     for epoch in range(tc.ppo_epochs):
         order = torch.randperm(len(batch), generator=g)
         for rows in order.chunk(tc.minibatches):
             mb = batch.select(rows)
-            logits = policy(mb.input_ids)  # (b, T, V)
-            logp = token_logprobs(logits, mb.targets, temperature)
-            loss, pstats = policy_loss(logp, mb.old_logp, mb.advantages, mb.mask, tc.clip_low, tc.clip_high)
-            mb_ref = ref_logp[rows] if ref_logp is not None else None
-            if mb_ref is not None:
-                loss = loss + kl_penalty(logp, mb_ref, mb.kl_coef, mb.mask)
+            count = mb.mask.sum().clamp(min=1.0)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss_sum, pstats = 0.0, {"clip_frac": 0.0, "ratio_mean": 0.0}
+            for piece in plan(mb, tc.micro_batch_tokens, tc.shared_prefix):
+                mask, targets, old_logp = piece.take(mb.mask), piece.take(mb.targets), piece.take(mb.old_logp)
+                adv, coef = mb.advantages[piece.rows], mb.kl_coef[piece.rows]
+                logits = piece_logits(policy, piece, piece.take(mb.input_ids))  # (b, S, V)
+                logp = token_logprobs(logits, targets, temperature)
+                loss, part = policy_loss(logp, old_logp, adv, mask, tc.clip_low, tc.clip_high, count)
+                piece_ref = piece.take(ref_logp[rows]) if ref_logp is not None else None
+                if piece_ref is not None:
+                    loss = loss + kl_penalty(logp, piece_ref, coef, mask, count)
+                loss.backward()
+                loss_sum += loss.item()
+                pstats = {k: pstats[k] + part[k] for k in pstats}
+                if epoch == 0:
+                    with torch.no_grad():
+                        domains = [mb.domains[i] for i in piece.rows.tolist()]
+                        kl = kl_k3(logp, piece_ref) if piece_ref is not None else torch.zeros_like(logp)
+                        add_domain_stats(per_domain, domains, mask, {
+                            "kl": kl, "entropy": token_entropy(logits, temperature),
+                            "clip_frac": clipped_tokens(logp, old_logp, adv, tc.clip_low, tc.clip_high)})
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), tc.max_grad_norm)
             optimizer.step()
-            if epoch == 0:
-                with torch.no_grad():
-                    entropy = token_entropy(logits, temperature)
-                    kl = kl_k3(logp, mb_ref) if mb_ref is not None else torch.zeros_like(logp)
-                    clipped = clipped_tokens(logp, mb.old_logp, mb.advantages, tc.clip_low, tc.clip_high)
-                    for d in set(mb.domains):
-                        m = mb.mask * torch.tensor([x == d for x in mb.domains], dtype=torch.float32)[:, None]
-                        acc = per_domain.setdefault(d, {"kl": [], "entropy": [], "clip_frac": [], "tokens": []})
-                        n = float(m.sum())
-                        acc["tokens"].append(n)
-                        for key, value in (("kl", kl), ("entropy", entropy), ("clip_frac", clipped)):
-                            acc[key].append(float(masked_mean(value, m)) * n)
     policy.eval()
-    out = {"grad_norm": grad_norm.item(), "loss": loss.item(), "ratio_mean": pstats["ratio_mean"]}
+    out = {"grad_norm": grad_norm.item(), "loss": loss_sum, "ratio_mean": pstats["ratio_mean"]}
     for d, acc in per_domain.items():
         n = max(sum(acc["tokens"]), 1.0)
         out[d] = {k: sum(acc[k]) / n for k in ("kl", "entropy", "clip_frac")}
     return out
+
+
+@torch.no_grad()
+def reference_logprobs(ref, batch, tc, temperature: float) -> torch.Tensor:
+    """(B, T) the reference policy's logprobs of the batch's targets, in the batch's layout."""
+    out = torch.zeros_like(batch.old_logp)
+    for piece in plan(batch, tc.micro_batch_tokens, tc.shared_prefix):
+        logits = piece_logits(ref, piece, piece.take(batch.input_ids))
+        piece.put(out, token_logprobs(logits, piece.take(batch.targets), temperature))
+    return out
+
+
+def add_domain_stats(per_domain: dict, domains: list[str], mask: torch.Tensor, values: dict[str, torch.Tensor]) -> None:
+    """Accumulate token-weighted sums of per-token values (b, S) over each domain's masked tokens."""
+    for d in set(domains):
+        m = mask * torch.tensor([x == d for x in domains], dtype=torch.float32)[:, None]
+        acc = per_domain.setdefault(d, {"kl": [], "entropy": [], "clip_frac": [], "tokens": []})
+        n = float(m.sum())
+        acc["tokens"].append(n)
+        for key, value in values.items():
+            acc[key].append(float((value * m).sum()))
 
 
 def step_metrics(step: int, groups: list[Group], flat: torch.Tensor, stats: dict, times: dict,

@@ -1,0 +1,165 @@
+"""The update phase, timed: the padded layout against shared prefixes and length-sorted pieces.
+
+    python bench/update.py [--repeats 3] [--steps 6]
+
+The update is one forward, backward and AdamW step over a step's samples
+(train/loop.py `update`). Arms differ only in the layout of that pass
+(train/packing.py):
+
+- "padded": every sample's whole row (prompt and completion), all rows padded to the
+  longest one (`shared_prefix: false`, no piece limit; the layout before packing.py);
+- "pieces": whole rows, in length-sorted pieces of at most 8,192 padded tokens;
+- "shared": the default: each group's shared prefix once, then pieces.
+
+Two workloads, on the built-in tiny model (base weights, built once and cached):
+
+1. quickstart: --steps steps of the quickstart's rollout (polyrl/configs/quickstart.yaml:
+   code, agent, math and alignment, 16 prompts x 8 samples, agent episodes of several
+   turns), with random advantages so that every sample is in the batch (the quickstart
+   drops groups whose rewards are all equal), and the reference model of its KL term;
+2. rl-step: bench/engine.py's RL step shape: 16 short prompts x 8 samples x 32 tokens.
+
+Each arm keeps its own policy and optimizer; per batch, the arms run one after another,
+so load from other jobs hits them alike. Printed: the median seconds per update of each
+arm over batches and repeats (the first batch is warm-up), its speed-up over "padded",
+and the tokens each layout computes.
+
+Not covered: the rollout, rewards, other models; tests/test_packing.py pins that the
+layouts give the same weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import random
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+ARMS = {"padded": dict(micro_batch_tokens=10**9, shared_prefix=False),
+        "pieces": dict(micro_batch_tokens=8192, shared_prefix=False),
+        "shared": dict(micro_batch_tokens=8192, shared_prefix=True)}
+
+
+def quickstart_batches(steps: int):
+    """Training batches of `steps` quickstart rollouts (random advantages), the policy, and a
+    reference model when the run file has a KL term."""
+    from polyrl.config import load_config
+    from polyrl.engine.factory import build_engine
+    from polyrl.rl.curriculum import allocate
+    from polyrl.rollout.dispatch import rollout_groups
+    from polyrl.train.setup import build_domains, load_policy, resolve_model_dir, step_seed
+    import polyrl
+
+    cfg = load_config(Path(polyrl.__file__).parent / "configs" / "quickstart.yaml")
+    model_dir = resolve_model_dir(cfg.model.path, log=lambda *_: None)
+    policy, tokenizer = load_policy(model_dir, cfg.model.dtype)
+    engine = build_engine(cfg.engine, copy.deepcopy(policy), tokenizer, model_dir)
+    doms = build_domains(cfg)
+    batches = []
+    for step in range(steps):
+        counts = allocate(cfg.trainer.prompts_per_step, doms.weights)
+        tasks = [t for d, k in counts.items() for t in doms.domains[d].sample("train", k, step_seed(cfg.seed, step, d))]
+        sampling = {d: replace(p, seed=step_seed(cfg.seed, step, "rollout")) for d, p in doms.sampling.items()}
+        groups = rollout_groups(engine, tokenizer, tasks, cfg.trainer.group_size, sampling, doms.agents, f"s{step}")
+        batches.append(training_batch(groups, doms.kl_coef, step))
+    doms.close()
+    if hasattr(engine, "close"):
+        engine.close()
+    return batches, policy, any(c > 0 for c in doms.kl_coef.values()), cfg
+
+
+def rl_step_batches(steps: int):
+    """bench/engine.py's RL step: 16 prompts x 8 samples x 32 sampled tokens, on the tiny model's shape."""
+    from bench.engine_parts import TRL_PROMPTS, make_model_dir
+    from polyrl.engine.base import SamplingParams
+    from polyrl.engine.paged import PagedEngine
+    from polyrl.models.hf_io import load_pretrained
+    from polyrl.models.tokenizer import Tokenizer
+    from polyrl.rollout.groups import Group
+    from polyrl.types import Task
+
+    model_dir = make_model_dir("tiny", Path("/tmp/polyrl-bench"))
+    tok = Tokenizer.from_dir(model_dir)
+    policy = load_pretrained(model_dir)[0]
+    engine = PagedEngine(copy.deepcopy(policy), tok)
+    prompt_ids = [tok.encode(p) for p in TRL_PROMPTS]
+    batches = []
+    for step in range(steps):
+        outs = engine.generate(prompt_ids, 8, SamplingParams(temperature=1.0, max_tokens=32, seed=step))
+        groups = [Group(Task(str(i), "bench", p), prompt_ids[i], outs[i * 8:(i + 1) * 8]) for i, p in enumerate(TRL_PROMPTS)]
+        batches.append(training_batch(groups, {"bench": 0.0}, step))
+    cfg = SimpleNamespace(seed=0, engine=SimpleNamespace(temperature=1.0))
+    return batches, policy, False, cfg
+
+
+def training_batch(groups, kl_coef: dict[str, float], seed: int):
+    from polyrl.rl.advantages import group_advantages
+    from polyrl.train.batch import build_batch
+
+    rng = random.Random(seed)
+    rewards = torch.tensor([[rng.random() for _ in g.completions] for g in groups])
+    adv = group_advantages(rewards, [g.task.domain for g in groups])
+    return build_batch(groups, adv.tolist(), [[1.0] * len(g.completions) for g in groups], kl_coef)
+
+
+def time_arms(name: str, batches, policy, with_ref: bool, cfg, repeats: int) -> None:
+    from polyrl.config import TrainerConfig
+    from polyrl.train.loop import update
+    from polyrl.train.packing import plan
+
+    ref = copy.deepcopy(policy).requires_grad_(False) if with_ref else None
+    times: dict[str, list[float]] = {a: [] for a in ARMS}
+    for r in range(repeats):
+        state = {}
+        for arm, layout in ARMS.items():
+            p = copy.deepcopy(policy)
+            trainer = TrainerConfig(lr=1e-4, **layout)
+            state[arm] = (p, torch.optim.AdamW(p.parameters(), lr=1e-4, betas=(0.9, 0.99)),
+                          SimpleNamespace(seed=0, engine=cfg.engine, trainer=trainer))
+        for i, batch in enumerate(batches):
+            for arm in ARMS:
+                p, opt, arm_cfg = state[arm]
+                t = time.perf_counter()
+                update(p, ref, opt, batch, arm_cfg, step=i)
+                if i > 0:
+                    times[arm].append(time.perf_counter() - t)
+        print(f"  repeat {r + 1}/{repeats}: " + ", ".join(
+            f"{a} {statistics.median(v[-(len(batches) - 1):]):.3f} s" for a, v in times.items()), flush=True)
+    tokens = {arm: statistics.mean(sum(pc.tokens for pc in plan(b, ARMS[arm]["micro_batch_tokens"], ARMS[arm]["shared_prefix"]))
+                                   for b in batches) for arm in ARMS}
+    real = statistics.mean(int(b.lengths.sum()) for b in batches)
+    print(f"\n{name}: {len(batches[0])} rows, {real:.0f} real tokens per batch on average; "
+          f"median s/update over {repeats} repeats x {len(batches) - 1} batches")
+    base = statistics.median(times["padded"])
+    for arm, v in times.items():
+        m = statistics.median(v)
+        print(f"  {arm:<7} {m:.3f} s  {base / m:.2f}x padded   tokens computed {tokens[arm]:,.0f}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--steps", type=int, default=6, help="batches per workload (the first is warm-up)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--workloads", default="quickstart,rl-step")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    for name in args.workloads.split(","):
+        make = {"quickstart": quickstart_batches, "rl-step": rl_step_batches}[name]
+        print(f"{name}: rolling out {args.steps} batches ...", flush=True)
+        time_arms(name, *make(args.steps), args.repeats)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
