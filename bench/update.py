@@ -7,8 +7,10 @@ The update is one forward, backward and AdamW step over a step's samples
 (train/packing.py):
 
 - "padded": every sample's whole row (prompt and completion), all rows padded to the
-  longest one (`shared_prefix: false`, no piece limit; the layout before packing.py);
-- "pieces": whole rows, in length-sorted pieces of at most 8,192 padded tokens;
+  longest one, in one pass (`micro_batch_tokens: null, shared_prefix: false`; the
+  layout before packing.py);
+- "pieces": whole rows, in length-sorted pieces (cut where the padding saved outweighs
+  a pass) of at most 8,192 padded tokens;
 - "shared": the default: each group's shared prefix once, then pieces.
 
 Two workloads, on the built-in tiny model (base weights, built once and cached):
@@ -45,7 +47,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-ARMS = {"padded": dict(micro_batch_tokens=10**9, shared_prefix=False),
+ARMS = {"padded": dict(micro_batch_tokens=None, shared_prefix=False),
         "pieces": dict(micro_batch_tokens=8192, shared_prefix=False),
         "shared": dict(micro_batch_tokens=8192, shared_prefix=True)}
 

@@ -174,9 +174,10 @@ class TrainerConfig(BaseModel):
     """passes over each rollout batch"""
     minibatches: int = Field(1, gt=0)
     """minibatches per epoch; must divide prompts_per_step * group_size"""
-    micro_batch_tokens: int = Field(8192, gt=0)
-    """padded tokens per forward/backward pass: a minibatch runs as length-sorted pieces of at
-    most this many (gradients accumulate); bounds the activations held for the backward pass"""
+    micro_batch_tokens: int | None = Field(8192, gt=0)
+    """padded tokens per forward/backward pass at most: a minibatch runs as length-sorted pieces
+    (gradients accumulate), which bounds the activations held for the backward pass; null = one
+    pass per minibatch, every row padded to the longest"""
     shared_prefix: bool = True
     """run the prefix a group's samples share (the prompt) once per group in the update,
     not once per sample (train/packing.py); false pads every sample's full row"""

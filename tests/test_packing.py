@@ -64,7 +64,8 @@ def mixed_batch(seed=0):
     return build_batch(groups, advantages, weights, {"math": 0.0, "agent": 0.02, "code": 0.01})
 
 
-@pytest.mark.parametrize("budget,share", [(10_000, True), (10_000, False), (40, True), (1, True)])
+@pytest.mark.parametrize("budget,share", [(None, False), (None, True), (10_000, True), (10_000, False), (40, True),
+                                          (1, True)])
 def test_pieces_cover_the_counted_rows_once(budget, share):
     batch = mixed_batch()
     pieces = plan(batch, budget, share)
@@ -72,18 +73,36 @@ def test_pieces_cover_the_counted_rows_once(budget, share):
     assert rows == [r for r in range(len(batch)) if batch.mask[r].any()]  # each once; the masked row is out
     assert 1 not in rows
     for p in pieces:
-        assert p.tokens <= budget or len(p.rows) == 1
+        assert budget is None or p.tokens <= budget or len(p.rows) == 1
         assert (p.take(batch.mask) > 0).sum() == sum(batch.mask[r].gt(0).sum() for r in p.rows.tolist())
     if not share:
         assert all(p.prefix_ids.numel() == 0 for p in pieces)
 
 
+def test_no_budget_is_the_padded_layout():
+    batch = mixed_batch()
+    (piece,) = plan(batch, None, False)
+    assert piece.tokens == (len(batch) - 1) * batch.input_ids.shape[1]  # all rows but the masked one, padded
+
+
+def test_pieces_are_cut_where_padding_costs_more_than_a_pass(monkeypatch):
+    from polyrl.train import packing
+
+    rows = [list(range(1, 4)) for _ in range(8)] + [list(range(1, 301)) for _ in range(2)]
+    groups = [Group(Task(str(i), "math", "p"), [], [Completion(0, "", ids, [-1.0] * len(ids), "stop", 0)])
+              for i, ids in enumerate(rows)]
+    batch = build_batch(groups, [[1.0]] * len(groups), [[1.0]] * len(groups), {"math": 0.0})
+    assert sorted(len(p.rows) for p in plan(batch, 10_000)) == [2, 8]  # 8 x 297 padding saved > one pass
+    monkeypatch.setattr(packing, "PASS_COST_TOKENS", 10_000)
+    assert [len(p.rows) for p in plan(batch, 10_000)] == [10]  # a pass now costs more than that padding
+
+
 def test_the_shared_prompt_runs_once_per_group():
     batch = mixed_batch()
-    shared = sum(p.tokens for p in plan(batch, 10_000, True))
-    padded = sum(p.tokens for p in plan(batch, 10_000, False))
+    shared = sum(p.tokens for p in plan(batch, None, True))
+    padded = sum(p.tokens for p in plan(batch, None, False))
     assert shared < padded < batch.input_ids.numel()
-    (piece,) = plan(batch, 10_000, True)
+    (piece,) = plan(batch, None, True)
     starts = dict(zip(piece.rows.tolist(), piece.start.tolist()))
     # a prompt up to its last token, whose logits score the first generated one
     assert starts[0] == starts[2] == starts[3] == 11  # group 0's 12-token prompt (row 1 masked out)
@@ -93,7 +112,7 @@ def test_the_shared_prompt_runs_once_per_group():
     assert starts[18] == starts[19] == 0  # rows that share nothing
 
 
-@pytest.mark.parametrize("budget,share", [(10_000, True), (10_000, False), (40, True)])
+@pytest.mark.parametrize("budget,share", [(None, True), (None, False), (10_000, True), (40, True)])
 def test_pieces_give_the_padded_layouts_logprobs_loss_and_gradients(budget, share):
     batch = mixed_batch()
     m_full, m_pieces = model(), model()
@@ -133,7 +152,7 @@ def test_update_steps_to_the_same_weights_as_the_padded_layout(kl):
         trainer=SimpleNamespace(ppo_epochs=2, minibatches=3, clip_low=0.2, clip_high=0.28, max_grad_norm=1.0,
                                 micro_batch_tokens=budget, shared_prefix=share))
     results = []
-    for budget, share in [(10**9, False), (48, True)]:
+    for budget, share in [(None, False), (48, True)]:
         policy = model()
         ref = model(seed=1).requires_grad_(False) if kl else None  # a reference away from the policy
         opt = torch.optim.AdamW(policy.parameters(), lr=1e-3)

@@ -65,16 +65,18 @@ PASS_COST_TOKENS = 256
 where the padding saved is worth more (measured with bench/update.py on the tiny model)."""
 
 
-def plan(batch: TrainBatch, token_budget: int, share_prefix: bool = True) -> list[Piece]:
+def plan(batch: TrainBatch, token_budget: int | None, share_prefix: bool = True) -> list[Piece]:
     """The pieces of a minibatch (see the module docstring); every row with a counted token
-    is in exactly one piece."""
+    is in exactly one piece. token_budget None: a single piece, every row padded to the
+    longest (with share_prefix False, the padded layout of batch.py)."""
     units = []  # (prefix length, row indices): a group's rows that share its prefix
     for g in batch.groups.unique().tolist():
         rows = [int(r) for r in (batch.groups == g).nonzero().flatten() if batch.mask[r].any()]
         if rows:
-            units += _split(_shared_prefix(batch, rows) if share_prefix else 0, rows, batch.lengths, token_budget)
+            prefix = _shared_prefix(batch, rows) if share_prefix else 0
+            units += _split(prefix, rows, batch.lengths, token_budget) if token_budget else [(prefix, rows)]
     units.sort(key=lambda u: -max(int(batch.lengths[r]) - u[0] for r in u[1]))  # longest rows first
-    cuts = _cuts(units, batch.lengths, token_budget)
+    cuts = _cuts(units, batch.lengths, token_budget) if token_budget else [0, len(units)]
     return [_piece(batch, units[i:j]) for i, j in zip(cuts, cuts[1:])]
 
 
