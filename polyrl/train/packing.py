@@ -174,12 +174,13 @@ class PrefixAttention:
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         pk, pv = self.kv[layer]  # (g, n_kv, P, hd)
-        k = torch.cat((pk[self.prefix_of], k), dim=2)  # (b, n_kv, P + S, hd)
-        v = torch.cat((pv[self.prefix_of], v), dim=2)
+        of = self.prefix_of.to(q.device)
+        k = torch.cat((pk[of], k), dim=2)  # (b, n_kv, P + S, hd)
+        v = torch.cat((pv[of], v), dim=2)
         if self.mask is None:
             P, S = pk.shape[2], q.shape[2]
-            seen = torch.arange(P)[None, :] < self.start[:, None]  # (b, P)
-            causal = torch.ones(S, S, dtype=torch.bool).tril()
+            seen = torch.arange(P, device=q.device)[None, :] < self.start.to(q.device)[:, None]  # (b, P)
+            causal = torch.ones(S, S, dtype=torch.bool, device=q.device).tril()
             self.mask = torch.cat((seen[:, None, :].expand(-1, S, -1), causal.expand(len(seen), S, S)), dim=2)[:, None]
         n_rep = q.shape[1] // k.shape[1]
         return F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), attn_mask=self.mask)
