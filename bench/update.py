@@ -1,6 +1,6 @@
 """The update phase, timed: the padded layout against shared prefixes and length-sorted pieces.
 
-    python bench/update.py [--repeats 3] [--steps 6]
+    python bench/update.py [--repeats 3] [--steps 6] [--pass-costs 0,128,256,512,1024]
 
 The update is one forward, backward and AdamW step over a step's samples
 (train/loop.py `update`). Arms differ only in the layout of that pass
@@ -47,9 +47,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-ARMS = {"padded": dict(micro_batch_tokens=None, shared_prefix=False),
-        "pieces": dict(micro_batch_tokens=8192, shared_prefix=False),
-        "shared": dict(micro_batch_tokens=8192, shared_prefix=True)}
+ARMS = {"padded": (dict(micro_batch_tokens=None, shared_prefix=False), None),  # (trainer settings, pass cost)
+        "pieces": (dict(micro_batch_tokens=8192, shared_prefix=False), None),
+        "shared": (dict(micro_batch_tokens=8192, shared_prefix=True), None)}
 
 
 def quickstart_batches(steps: int):
@@ -114,38 +114,46 @@ def training_batch(groups, kl_coef: dict[str, float], seed: int):
     return build_batch(groups, adv.tolist(), [[1.0] * len(g.completions) for g in groups], kl_coef)
 
 
-def time_arms(name: str, batches, policy, with_ref: bool, cfg, repeats: int) -> None:
+def time_arms(name: str, arms: dict, batches, policy, with_ref: bool, cfg, repeats: int) -> None:
     from polyrl.config import TrainerConfig
+    from polyrl.train import packing
     from polyrl.train.loop import update
     from polyrl.train.packing import plan
 
+    default_cost = packing.PASS_COST_TOKENS
     ref = copy.deepcopy(policy).requires_grad_(False) if with_ref else None
-    times: dict[str, list[float]] = {a: [] for a in ARMS}
+    times: dict[str, list[float]] = {a: [] for a in arms}
     for r in range(repeats):
         state = {}
-        for arm, layout in ARMS.items():
+        for arm, (layout, _) in arms.items():
             p = copy.deepcopy(policy)
             trainer = TrainerConfig(lr=1e-4, **layout)
             state[arm] = (p, torch.optim.AdamW(p.parameters(), lr=1e-4, betas=(0.9, 0.99)),
                           SimpleNamespace(seed=0, engine=cfg.engine, trainer=trainer))
         for i, batch in enumerate(batches):
-            for arm in ARMS:
+            for arm, (_, cost) in arms.items():
                 p, opt, arm_cfg = state[arm]
+                packing.PASS_COST_TOKENS = default_cost if cost is None else cost
                 t = time.perf_counter()
                 update(p, ref, opt, batch, arm_cfg, step=i)
                 if i > 0:
                     times[arm].append(time.perf_counter() - t)
         print(f"  repeat {r + 1}/{repeats}: " + ", ".join(
             f"{a} {statistics.median(v[-(len(batches) - 1):]):.3f} s" for a, v in times.items()), flush=True)
-    tokens = {arm: statistics.mean(sum(pc.tokens for pc in plan(b, ARMS[arm]["micro_batch_tokens"], ARMS[arm]["shared_prefix"]))
-                                   for b in batches) for arm in ARMS}
+    tokens = {}
+    for arm, (layout, cost) in arms.items():
+        packing.PASS_COST_TOKENS = default_cost if cost is None else cost
+        tokens[arm] = statistics.mean(sum(pc.tokens for pc in plan(b, layout["micro_batch_tokens"], layout["shared_prefix"]))
+                                      for b in batches)
+    packing.PASS_COST_TOKENS = default_cost
     real = statistics.mean(int(b.lengths.sum()) for b in batches)
     print(f"\n{name}: {len(batches[0])} rows, {real:.0f} real tokens per batch on average; "
           f"median s/update over {repeats} repeats x {len(batches) - 1} batches")
     base = statistics.median(times["padded"])
+    width = max(map(len, arms))
     for arm, v in times.items():
         m = statistics.median(v)
-        print(f"  {arm:<7} {m:.3f} s  {base / m:.2f}x padded   tokens computed {tokens[arm]:,.0f}")
+        print(f"  {arm:<{width}} {m:.3f} s  {base / m:.2f}x padded   tokens computed {tokens[arm]:,.0f}")
 
 
 def main() -> int:
@@ -154,12 +162,18 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=6, help="batches per workload (the first is warm-up)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--workloads", default="quickstart,rl-step")
+    p.add_argument("--pass-costs", help="instead of the pieces arm, the shared arm at each of these "
+                   "packing.PASS_COST_TOKENS values (comma-separated), to tune it")
     args = p.parse_args()
+    arms = dict(ARMS)
+    if args.pass_costs:
+        del arms["pieces"], arms["shared"]
+        arms.update({f"shared, pass cost {c}": (ARMS["shared"][0], int(c)) for c in args.pass_costs.split(",")})
     torch.set_num_threads(args.threads)
     for name in args.workloads.split(","):
         make = {"quickstart": quickstart_batches, "rl-step": rl_step_batches}[name]
         print(f"{name}: rolling out {args.steps} batches ...", flush=True)
-        time_arms(name, *make(args.steps), args.repeats)
+        time_arms(name, arms, *make(args.steps), args.repeats)
     return 0
 
 

@@ -53,10 +53,12 @@ class CausalAttention:
         self.key_padding_mask = None if key_padding_mask is None else key_padding_mask.bool()
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        if self.key_padding_mask is None:  # the kernel maps query heads to kv heads: no repeated copies
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        # Repeated copies here, as the cached tiny reward models were trained (their gradients
+        # would round differently with enable_gqa).
         n_rep = q.shape[1] // k.shape[1]
         k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, nh, T, hd)
-        if self.key_padding_mask is None:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         T = q.shape[2]
         causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()  # (T, T)
         eye = torch.eye(T, dtype=torch.bool, device=q.device)  # (T, T)

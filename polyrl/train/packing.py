@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from polyrl.models.attention import CausalAttention, repeat_kv
+from polyrl.models.attention import CausalAttention
 from polyrl.train.batch import TrainBatch
 
 
@@ -182,8 +182,7 @@ class PrefixAttention:
             seen = torch.arange(P, device=q.device)[None, :] < self.start.to(q.device)[:, None]  # (b, P)
             causal = torch.ones(S, S, dtype=torch.bool, device=q.device).tril()
             self.mask = torch.cat((seen[:, None, :].expand(-1, S, -1), causal.expand(len(seen), S, S)), dim=2)[:, None]
-        n_rep = q.shape[1] // k.shape[1]
-        return F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), attn_mask=self.mask)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, enable_gqa=True)
 
 
 class _Recorder(CausalAttention):
