@@ -190,3 +190,41 @@ def test_a_policy_that_really_improves_is_not_flagged():
     points = evaluations(pm, [0.0, 0.25, 0.5, 0.75, 1.0], kind="good", start_kind="terse")
     assert points[-1][0] > points[0][0] + 0.1 and points[-1][1] > points[0][1] + 0.1  # both rise
     assert flags_over(points) == []
+
+
+# The alignment evaluations of a 700-step quickstart (runs/quickstart-20261204-080944):
+# (step, held-out reward-model score, held-out rule check). The score crept up by about
+# 0.01 per evaluation while the check slid from its best at the first evaluation.
+QUICKSTART_700 = [(39, 0.6504, 0.8672), (79, 0.6568, 0.8662), (119, 0.6461, 0.8434), (159, 0.6673, 0.8398),
+                  (199, 0.6659, 0.8369), (239, 0.6856, 0.8389), (279, 0.6866, 0.8379), (319, 0.6879, 0.8262),
+                  (359, 0.6892, 0.8001), (399, 0.6922, 0.7969), (439, 0.6908, 0.7969), (479, 0.7019, 0.7998),
+                  (519, 0.7047, 0.8027), (559, 0.708, 0.8008), (599, 0.7114, 0.7952), (639, 0.7237, 0.7975),
+                  (679, 0.7245, 0.7956)]
+
+
+def test_slow_over_optimisation_is_flagged_from_the_checks_best():
+    from polyrl.rewards.hacking import detect_hacking
+
+    proxy, check = [p for _, p, _ in QUICKSTART_700], [c for _, _, c in QUICKSTART_700]
+    # no five-evaluation window rises enough to be judged
+    assert not any(detect_hacking(proxy[:k], check[:k], min_rise=0.1).flagged for k in range(1, len(proxy) + 1))
+    monitor, flags = RewardMonitor(), []
+    for step, reward, chk in QUICKSTART_700:
+        flags += monitor.step(step, [], {"domains": {}, "eval": {"alignment": {"accuracy": reward,
+                                                                              "check_accuracy": chk}}})
+    (flag,) = [f for f in flags if f["kind"] == "reward_without_check_heldout"]  # once, not at every evaluation
+    assert flag["step"] == 559 and "since the independent check's best" in flag["reason"]
+
+
+@pytest.mark.parametrize("proxy_gain,check_drop,flagged", [(0.08, 0.06, True), (0.0, 0.06, False), (0.08, 0.01, False)])
+def test_a_decline_needs_the_proxy_up_and_the_check_down(proxy_gain, check_drop, flagged):
+    from polyrl.rewards.hacking import HackingMonitor
+
+    monitor = HackingMonitor(min_rise=0.1)
+    for k in range(8):  # small steps: no window rises 0.1
+        verdict = monitor.observe("a", k, proxy=0.5 + proxy_gain * k / 7, check=0.8 - check_drop * k / 7)
+    assert verdict.flagged is flagged
+    restored = HackingMonitor.from_dict(monitor.to_dict())
+    assert restored.verdict("a") == verdict
+    old_state = {k: v for k, v in monitor.to_dict().items() if k != "decline"}  # a state saved before the rule
+    assert HackingMonitor.from_dict(old_state).verdict("a") == verdict

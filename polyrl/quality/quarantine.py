@@ -12,8 +12,9 @@ records; the training loop appends them to RUN_DIR/flags.jsonl. Three patterns:
   evaluation). A domain-level flag, with "task_id": null. Needs eval.every > 0.
 - "reward_without_check_heldout": on a domain with an independent check (alignment: the
   preference reward model against rule_check), the held-out reward rises while the
-  check of the same held-out completions does not follow: the policy games the reward
-  model. Also domain-level; needs eval.every > 0.
+  check of the same held-out completions does not follow (over the last evaluations),
+  or has fallen since its best (`HackingMonitor`): the policy games the reward model.
+  Also domain-level; needs eval.every > 0.
 
 A quarantine list is a file of task ids: one per line (blank lines and `# comments`
 skipped), or JSONL objects with "id" or "task_id" (so RUN_DIR/flags.jsonl and

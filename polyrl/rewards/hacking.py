@@ -20,6 +20,12 @@ Rises are least-squares fits over the last `window` points (slope times span), s
 noisy evaluation neither triggers nor hides a flag. Both curves should be on comparable
 scales (both 0..1 here). Pure: no I/O, no models.
 
+Over-optimisation can also creep in slower than any window sees: the proxy gains a
+little per evaluation and the check loses a little. `detect_decline` catches that from
+the check's best evaluation on: the proxy now higher by `min_gain`, the check lower by
+`min_drop` (both as means of the last `recent` evaluations). `HackingMonitor` applies
+both tests.
+
 Out of scope: deciding what to do about it (stop, raise the KL target, retrain the
 RM); per-sample attribution of which answers exploit the model.
 """
@@ -71,11 +77,32 @@ def detect_hacking(proxy: Sequence[float], check: Sequence[float], window: int =
     return HackingVerdict(False, f"proxy rose {pr:+.3f} and the check followed ({cr:+.3f})", pr, cr, len(p))
 
 
-class HackingMonitor:
-    """Per-domain history of (step, proxy, check) and `detect_hacking` over it."""
+def detect_decline(proxy: Sequence[float], check: Sequence[float], min_gain: float = 0.05, min_drop: float = 0.03,
+                   recent: int = 3) -> HackingVerdict:
+    """Flag when, since the check's best evaluation, the proxy's mean over the last `recent`
+    evaluations rose at least `min_gain` above its value there and the check's mean fell at
+    least `min_drop` below its best (the recent evaluations all come after the best)."""
+    assert len(proxy) == len(check), "proxy and check must be measured on the same evaluations"
+    assert min_gain > 0 and min_drop > 0 and recent >= 1
+    n = len(check)
+    best = max(range(n), key=lambda i: check[i]) if n else 0  # the first best
+    if n - recent <= best:
+        return HackingVerdict(False, f"the check's best is among the last {recent} of {n} evaluations", 0.0, 0.0, n)
+    gain = sum(proxy[-recent:]) / recent - proxy[best]
+    drop = check[best] - sum(check[-recent:]) / recent
+    reason = (f"proxy rose {gain:+.3f} since the independent check's best (evaluation {best + 1} of {n}, "
+              f"{check[best]:.3f}) while the check fell {drop:.3f} (means of the last {recent} evaluations)")
+    return HackingVerdict(gain >= min_gain and drop >= min_drop, reason, gain, -drop, n)
 
-    def __init__(self, window: int = 5, min_points: int = 3, min_rise: float = 0.05, follow: float = 0.25) -> None:
+
+class HackingMonitor:
+    """Per-domain history of (step, proxy, check), judged by `detect_hacking` over the last
+    window and `detect_decline` since the check's best."""
+
+    def __init__(self, window: int = 5, min_points: int = 3, min_rise: float = 0.05, follow: float = 0.25,
+                 min_gain: float = 0.05, min_drop: float = 0.03, recent: int = 3) -> None:
         self.settings = {"window": window, "min_points": min_points, "min_rise": min_rise, "follow": follow}
+        self.decline = {"min_gain": min_gain, "min_drop": min_drop, "recent": recent}
         self.history: dict[str, list[tuple[int, float, float]]] = {}
 
     def observe(self, domain: str, step: int, proxy: float, check: float) -> HackingVerdict:
@@ -85,13 +112,19 @@ class HackingMonitor:
 
     def verdict(self, domain: str) -> HackingVerdict:
         points = self.history.get(domain, [])
-        return detect_hacking([p for _, p, _ in points], [c for _, _, c in points], **self.settings)
+        proxy, check = [p for _, p, _ in points], [c for _, _, c in points]
+        window = detect_hacking(proxy, check, **self.settings)
+        if window.flagged:
+            return window
+        decline = detect_decline(proxy, check, **self.decline)
+        return decline if decline.flagged else window
 
     def to_dict(self) -> dict:
-        return {"settings": dict(self.settings), "history": {d: [list(x) for x in h] for d, h in self.history.items()}}
+        return {"settings": dict(self.settings), "decline": dict(self.decline),
+                "history": {d: [list(x) for x in h] for d, h in self.history.items()}}
 
     @classmethod
     def from_dict(cls, state: dict) -> HackingMonitor:
-        monitor = cls(**state["settings"])
+        monitor = cls(**state["settings"], **state.get("decline", {}))
         monitor.history = {d: [(int(s), float(p), float(c)) for s, p, c in h] for d, h in state["history"].items()}
         return monitor

@@ -210,6 +210,7 @@ def update(policy, ref, optimizer, batch, cfg: RunConfig, step: int) -> dict:
         order = torch.randperm(len(batch), generator=g)
         for rows in order.chunk(tc.minibatches):
             mb = batch.select(rows)
+            mb_ref = ref_logp[rows] if ref_logp is not None else None
             count = mb.mask.sum().clamp(min=1.0)
             optimizer.zero_grad(set_to_none=True)
             loss_sum, pstats = 0.0, {"clip_frac": 0.0, "ratio_mean": 0.0}
@@ -219,7 +220,7 @@ def update(policy, ref, optimizer, batch, cfg: RunConfig, step: int) -> dict:
                 logits = piece_logits(policy, piece, piece.take(mb.input_ids))  # (b, S, V)
                 logp = token_logprobs(logits, targets, temperature)
                 loss, part = policy_loss(logp, old_logp, adv, mask, tc.clip_low, tc.clip_high, count)
-                piece_ref = piece.take(ref_logp[rows]) if ref_logp is not None else None
+                piece_ref = piece.take(mb_ref) if mb_ref is not None else None
                 if piece_ref is not None:
                     loss = loss + kl_penalty(logp, piece_ref, coef, mask, count)
                 loss.backward()
