@@ -116,20 +116,15 @@ def _shared_prefix(batch: TrainBatch, rows: list[int]) -> int:
 
 def _split(prefix: int, rows: list[int], lengths: Tensor, token_budget: int) -> list[tuple[int, list[int]]]:
     """A group as units of at most token_budget padded tokens (each with its own prefix copy)."""
-    units, current = [], []
+    units, current, width = [], [], 0
     for r in rows:
-        if current and _padded_tokens([(prefix, current + [r])], lengths) > token_budget:
+        wider = max(width, int(lengths[r]) - prefix)
+        if current and (len(current) + 1) * wider + prefix > token_budget:
             units.append((prefix, current))
-            current = []
+            current, wider = [], int(lengths[r]) - prefix
         current.append(r)
+        width = wider
     return units + [(prefix, current)]
-
-
-def _padded_tokens(units: list[tuple[int, list[int]]], lengths: Tensor) -> int:
-    rows = [r for _, rs in units for r in rs]
-    width = max(int(lengths[r]) - p for p, rs in units for r in rs)
-    prefixes = [p for p, _ in units if p > 0]
-    return len(rows) * width + len(prefixes) * max(prefixes, default=0)
 
 
 def _piece(batch: TrainBatch, units: list[tuple[int, list[int]]]) -> Piece:
