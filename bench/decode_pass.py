@@ -9,7 +9,9 @@ parts on the first layer's weights: RMSNorm, the q/k/v product, RoPE + attention
 product with the residual, the gate/up product, SiLU-and-multiply, the down product with
 the residual, the lm_head product, and the sampler. The per-layer parts times the layer
 count, plus head, sampler and embedding, should come to about the pass: the rest is
-Python and ctypes dispatch.
+dispatch, and cache rows that no longer sit in the CPU's caches. Where the whole pass
+runs as one C call (small models), the same pass with its layer loop in Python is timed
+beside it.
 
 Not covered: the unfused pass (bench/engine.py's "unfused" engine times that end to
 end), prefill, the scheduler.
@@ -45,6 +47,7 @@ def main() -> None:
     from bench.engine_parts import NoTextTokenizer, make_model_dir
     from polyrl.engine.base import SamplingParams
     from polyrl.engine.paged import PagedEngine
+    from polyrl.engine.runner.fused_decode import FusedDecoder
     from polyrl.models.hf_io import load_pretrained
 
     model = load_pretrained(make_model_dir(args.model, Path(args.workdir)))[0].eval()
@@ -57,7 +60,7 @@ def main() -> None:
     lib, cache, cfg = fused.lib, eng.runner.decode_cache, model.cfg
     ids, pos, rows = torch.randint(3, cfg.vocab_size, (S,)), torch.full((S,), P, dtype=torch.long), torch.arange(S)
     x = torch.randn(S, cfg.hidden_size)
-    h = torch.empty_like(x)
+    h = torch.randn_like(x)  # real values: uninitialised memory can hold subnormals, which time differently
     norm, qkv, o, _, gate_up, down = fused.layers[0]
     q = qkv(h, torch.empty(S, qkv.out_features))
     attn = torch.empty(S, fused.nh * fused.hd)
@@ -83,6 +86,9 @@ def main() -> None:
         "embedding": lambda: model.model.embed_tokens.weight.index_select(0, ids),
         "WHOLE PASS": lambda: fused.logits(ids, pos, rows),
     }
+    if fused.whole is not None:  # the same pass with the layer loop in Python, for comparison
+        loop = FusedDecoder(fused.model, fused.cache, lib, whole_pass=False)
+        parts["LAYER LOOP IN PYTHON"] = lambda: loop.logits(ids, pos, rows)
     times = {name: [] for name in parts}
     for _ in range(args.repeats):  # rounds interleave the parts, so drift hits all alike
         for name, fn in parts.items():
@@ -105,6 +111,11 @@ def main() -> None:
     print(f"  parts of one pass, summed: {parts_total:.1f} us; products {products:.1f} us "
           f"({100 * products / med['WHOLE PASS']:.0f}% of the pass); pass + sampler = "
           f"{med['WHOLE PASS'] + med['sampler']:.1f} us = {S / (med['WHOLE PASS'] + med['sampler']) * 1e6:,.0f} tok/s")
+    if "LAYER LOOP IN PYTHON" in med:
+        print(f"  the whole pass is one C call (decode_pass): {med['LAYER LOOP IN PYTHON'] / med['WHOLE PASS']:.2f}x "
+              f"faster than the same pass with its layer loop in Python")
+    else:
+        print("  the layer loop runs in Python (large layers, or no BLAS sgemm in this torch)")
 
 
 if __name__ == "__main__":

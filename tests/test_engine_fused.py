@@ -48,14 +48,22 @@ def random_model(shape: dict, seed: int = 0, vocab: int = 300, layers: int = 2) 
     return model
 
 
+def empty_cache(cfg, rows: int, length: int = 16) -> SimpleNamespace:
+    cache = SimpleNamespace(k=torch.zeros(cfg.num_hidden_layers, rows, cfg.num_key_value_heads, length, cfg.head_dim))
+    cache.v = torch.zeros_like(cache.k)
+    return cache
+
+
+@pytest.mark.parametrize("whole", [True, False], ids=["whole_pass", "layer_loop"])
 @pytest.mark.parametrize("name", SHAPES)
-def test_fused_logits_equal_the_model_forward_at_mixed_positions(lib, name):
+def test_fused_logits_equal_the_model_forward_at_mixed_positions(lib, name, whole):
     model = random_model(SHAPES[name])
     cfg = model.cfg
     S, T = 5, 9
-    cache = SimpleNamespace(k=torch.zeros(cfg.num_hidden_layers, S + 2, cfg.num_key_value_heads, 16, cfg.head_dim))
-    cache.v = torch.zeros_like(cache.k)
-    fused = FusedDecoder(model, cache, lib)
+    fused = FusedDecoder(model, empty_cache(cfg, S + 2), lib, whole_pass=whole)
+    # Small models run the whole pass in one C call; large layers keep the Python loop.
+    assert (fused.whole is not None) == (whole and name != "llama_large_layers" and not isinstance(
+        cpu_kernels.blas_sgemm(), str))
     tokens = torch.randint(0, cfg.vocab_size, (S, T))
     rows = torch.tensor([2, 0, 6, 3, 1])  # sequence i lives in cache row rows[i]
     done = [0] * S  # tokens fed so far per sequence
@@ -160,3 +168,101 @@ def test_positions_past_the_cache_raise_instead_of_writing_out_of_bounds(lib):
     with pytest.raises(IndexError, match="cannot hold"):
         fused.logits(torch.tensor([1]), torch.tensor([0]), torch.tensor([2]))
     assert fused.logits(torch.tensor([1, 2]), torch.tensor([0, 3]), torch.tensor([1, 0])).shape == (2, 300)
+
+
+def test_the_whole_pass_in_c_equals_the_layer_loop_bit_for_bit(lib):
+    if isinstance(cpu_kernels.blas_sgemm(), str):
+        pytest.skip(f"no BLAS sgemm here: {cpu_kernels.blas_sgemm()}")
+    model = random_model(SHAPES["llama_hd32_gqa_biased"], layers=3)
+    whole, loop = (FusedDecoder(model, empty_cache(model.cfg, 6), lib, whole_pass=w) for w in (True, False))
+    assert whole.whole is not None and loop.whole is None
+    g = torch.Generator().manual_seed(0)
+    for p in range(8):  # both write their own caches; every step must agree exactly
+        ids, rows = torch.randint(0, 300, (4,), generator=g), torch.tensor([5, 0, 2, 3])
+        assert torch.equal(whole.logits(ids, torch.full((4,), p), rows), loop.logits(ids, torch.full((4,), p), rows))
+    assert torch.equal(whole.cache.k, loop.cache.k) and torch.equal(whole.cache.v, loop.cache.v)
+
+
+def test_without_blas_sgemm_the_layer_loop_runs(lib, monkeypatch):
+    monkeypatch.setattr("polyrl.engine.runner.fused_decode.blas_sgemm", lambda: "no BLAS sgemm_ in this build")
+    model = random_model(SHAPES["qwen2_hd16_gqa"], layers=1)
+    fused = FusedDecoder(model, empty_cache(model.cfg, 2), lib)
+    assert fused.whole is None
+    with torch.no_grad():
+        expected = model(torch.tensor([[7]]))[0, -1]
+    torch.testing.assert_close(fused.logits(torch.tensor([7]), torch.tensor([0]), torch.tensor([1]))[0], expected,
+                               rtol=1e-4, atol=2e-5)
+
+
+def test_silu_mul_matches_torch_from_tiny_to_saturated_gates(lib):
+    gate = torch.cat([torch.randn(200, generator=torch.Generator().manual_seed(0)),
+                      torch.tensor([0.0, 1e-30, -1e-30, 20.0, -20.0, 87.5, -87.5, 100.0, -100.0, 1e4, -1e4])])
+    up = torch.linspace(-2, 2, gate.numel())
+    gu = torch.cat([gate, up])[None]  # one row: [gate | up]
+    out = torch.empty(1, gate.numel())
+    lib.silu_mul(gu.data_ptr(), out.data_ptr(), 1, gate.numel())
+    torch.testing.assert_close(out[0], torch.nn.functional.silu(gate) * up, rtol=1e-6, atol=1e-30)
+
+
+def python_burst(fused, ids, pos, rows, temperature, u, stop, keep):
+    """The runner's burst loop, pass by pass: what FusedDecoder.burst does in one call."""
+    tokens, logprobs, done = [], [], torch.zeros(len(ids), dtype=torch.bool)
+    for k in range(pos.shape[0]):
+        ids, lp = fused.sample(fused.logits(ids, pos[k], rows), temperature, u[k])
+        tokens.append(ids)
+        logprobs.append(lp)
+        done |= (ids[:, None] == stop).any(-1) | (keep <= k + 1)
+        if bool(done.all()):
+            break
+    return torch.stack(tokens), torch.stack(logprobs)
+
+
+@pytest.mark.parametrize("stops", ["none", "mid_burst", "keep"])
+def test_a_burst_in_one_call_equals_pass_by_pass_sampling(lib, stops):
+    if isinstance(cpu_kernels.blas_sgemm(), str):
+        pytest.skip(f"no BLAS sgemm here: {cpu_kernels.blas_sgemm()}")
+    model = random_model(SHAPES["llama_hd32_gqa_biased"], layers=2)
+    one, loop, probe = (FusedDecoder(model, empty_cache(model.cfg, 5), lib) for _ in range(3))
+    K, S = 8, 4
+    rows, ids = torch.tensor([3, 0, 4, 1]), torch.tensor([5, 9, 2, 7])
+    pos = torch.tensor([2, 0, 5, 1])[None, :] + torch.arange(K)[:, None]  # (K, S): mixed positions
+    temperature = torch.tensor([0.0, 1.0, 0.7, 1.3])
+    u = counter_uniforms(torch.arange(S)[None, :].expand(K, -1) * 31, torch.arange(K)[:, None].expand(-1, S))
+    no_stop, keep = torch.full((S, 1), -1), torch.tensor([K, K, 3, K])
+    stop = no_stop
+    if stops == "mid_burst":  # each row stops on the token it samples at pass 2, 3, 4 or 5 (or earlier)
+        free = python_burst(probe, ids, pos, rows, temperature, u, no_stop, torch.full((S,), K))[0]
+        stop = torch.stack([free[[2, 3, 4, 5], torch.arange(S)], torch.full((S,), -1)], dim=1)
+        keep = torch.full((S,), K)
+    if stops == "keep":  # every row's last kept pass comes before the burst's end
+        keep = torch.tensor([2, 3, 2, 3])
+    tokens, logprobs, passes = one.burst(ids, pos, rows, temperature, u, stop, keep)
+    expected_tokens, expected_logprobs = python_burst(loop, ids, pos, rows, temperature, u, stop, keep)
+    assert passes == len(expected_tokens) and (passes == K) == (stops == "none")
+    assert stops != "keep" or passes == 3
+    assert torch.equal(tokens[:passes], expected_tokens)
+    assert torch.equal(logprobs[:passes], expected_logprobs)
+    assert torch.equal(one.cache.k, loop.cache.k)
+
+
+def test_write_back_in_c_equals_the_torch_copy(lib):
+    from polyrl.engine.runner.decode_cache import DecodeCache
+    from polyrl.engine.runner.paged_attention import KVPool
+
+    pools = [KVPool(3, 6, 4, 2, 8, torch.float32) for _ in range(2)]
+    caches = [DecodeCache(pool) for pool in pools]
+    g = torch.Generator().manual_seed(0)
+    k, v = torch.randn(3, 5, 2, 12, 8, generator=g), torch.randn(3, 5, 2, 12, 8, generator=g)
+    for cache, pool in zip(caches, pools):
+        cache.k, cache.v = k.clone(), v.clone()
+        pool.k.zero_()
+        pool.v.zero_()
+    rows = torch.tensor([4, 0, 2])
+    positions = torch.tensor([[3, 7, 0], [4, 8, 1]])  # (P, S)
+    slots = torch.tensor([[5, 17, 22], [6, 18, pools[0].scratch_slot]])
+    caches[0].write_back(rows, positions, slots, lib)
+    caches[1].write_back(rows, positions, slots)
+    assert torch.equal(pools[0].k, pools[1].k) and torch.equal(pools[0].v, pools[1].v)
+    assert pools[0].k.view(3, -1, 2, 8)[1, 17].eq(k[1, 0, :, 7]).all()
+    with pytest.raises(IndexError, match="past the pool"):
+        caches[0].write_back(rows, positions, slots + 100, lib)

@@ -12,6 +12,11 @@ The flags allow what the kernels need to vectorise and nothing that changes resu
 and -fno-math-errno / -fno-trapping-math let comparisons and sqrt become vector
 instructions. No -ffast-math: nothing is reassociated beyond the marked reductions.
 
+The whole-pass kernel (decode_pass) does its matrix products with the BLAS `sgemm_`
+that torch's own library exports (MKL in the x86 wheels): `blas_sgemm()` finds it and
+checks it on one product, or says why not, and the pass then keeps its layer loop in
+Python.
+
 `load()` returns the library, or a reason why not (no compiler, a failed build, a
 platform without ELF shared objects); the engine then keeps to the model's own forward
 pass (fused_decode.py). Nothing here raises for a missing compiler.
@@ -43,7 +48,30 @@ SIGNATURES = {
     "rope_attend": [_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr,
                     ctypes.c_float, _ptr],
     "sample_rows": [_ptr, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr],
+    "cache_to_pool": [_ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64],
+    "decode_pass": [_ptr],
+    "decode_burst": [_ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr],
 }
+RETURNS = {"decode_burst": _i64}
+
+
+class DecodeLayer(ctypes.Structure):
+    """cpu_kernels.c's struct decode_layer: one layer's weight addresses (0 for no bias)."""
+
+    _fields_ = [(name, _ptr) for name in ("norm1", "wqkv", "bqkv", "wo", "bo", "norm2", "wgu", "bgu", "wdown",
+                                          "bdown")]
+
+
+class DecodeArgs(ctypes.Structure):
+    """cpu_kernels.c's struct decode_args: everything one whole decode pass reads and writes."""
+
+    _fields_ = ([("sgemm", _ptr), ("layers", _ptr)]
+                + [(name, _i64) for name in ("n_layers", "S", "D", "nh", "nkv", "hd", "inter", "V", "L",
+                                             "layer_stride")]
+                + [("eps", ctypes.c_float), ("scale", ctypes.c_float)]
+                + [(name, _ptr) for name in ("embed", "ids", "pos", "rows", "cos_t", "sin_t", "kc", "vc",
+                                             "final_norm", "whead", "bhead", "logits", "x", "h", "qkv", "attn",
+                                             "gu", "act", "scores")])
 
 _loaded: ctypes.CDLL | str | None = None
 
@@ -88,8 +116,42 @@ def _build_and_load() -> ctypes.CDLL | str:
         return f"loading {target} failed: {e}"
     for name, argtypes in SIGNATURES.items():
         fn = getattr(lib, name)
-        fn.argtypes, fn.restype = argtypes, None
+        fn.argtypes, fn.restype = argtypes, RETURNS.get(name)
     return lib
+
+
+_sgemm: int | str | None = None
+
+
+def blas_sgemm() -> int | str:
+    """The address of the BLAS `sgemm_` (Fortran interface) inside this torch build, checked
+    on one small product against torch.mm; or why it cannot be used (a torch built without
+    MKL exports none). decode_pass calls it for its matrix products."""
+    global _sgemm
+    if _sgemm is None:
+        _sgemm = _find_sgemm()
+    return _sgemm
+
+
+def _find_sgemm() -> int | str:
+    import torch
+
+    lib = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    try:
+        fn = ctypes.CDLL(str(lib)).sgemm_  # already loaded by torch: this only looks the symbol up
+    except (OSError, AttributeError) as e:
+        return f"no BLAS sgemm_ in {lib.name}: {e}"
+    fn.restype = None
+    a, b = torch.randn(3, 5), torch.randn(5, 4)  # row-major a @ b, computed as (b^T a^T) column-major
+    c = torch.empty(3, 4)
+    m, n, k = ctypes.c_int(4), ctypes.c_int(3), ctypes.c_int(5)
+    one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+    ref = ctypes.byref
+    fn(b"N", b"N", ref(m), ref(n), ref(k), ref(one), _ptr(b.data_ptr()), ref(m), _ptr(a.data_ptr()), ref(k),
+       ref(zero), _ptr(c.data_ptr()), ref(m))
+    if not torch.allclose(c, a @ b, atol=1e-5):
+        return f"{lib.name}'s sgemm_ does not compute a float32 product with 32-bit sizes"
+    return ctypes.cast(fn, _ptr).value
 
 
 def _cpu_flags() -> str:

@@ -95,11 +95,22 @@ class DecodeCache:
             g = src.index_select(0, fill.tables).view(len(fill.rows), fill.span, n_kv, hd)[:, :fill.length]
             dst[:, :, :fill.length].index_copy_(0, fill.rows, g.transpose(1, 2))
 
-    def write_back(self, rows: Tensor, positions: Tensor, slots: Tensor) -> None:
+    def write_back(self, rows: Tensor, positions: Tensor, slots: Tensor, lib=None) -> None:
         """Copy the K/V at positions (P, S) of rows (S,) to the pool's slots (P, S), every
         layer at once: a decode burst writes its new K/V to the rows only, and the pool once
-        at its end."""
+        at its end. With the fused kernels' `lib` (float32), one C call does the copies."""
         r = rows[None, :].expand_as(positions).reshape(-1)  # (P * S,)
+        if (lib is not None and self.k.dtype == self.pool.k.dtype == torch.float32 and self.k.is_contiguous()
+                and self.pool.k.is_contiguous()):
+            r, p, s = r.contiguous(), positions.reshape(-1).contiguous(), slots.reshape(-1).contiguous()
+            layers, R, n_kv, L, hd = self.k.shape
+            pool_slots = self.pool.k[0].numel() // (n_kv * hd)
+            if len(r) and (int(s.max()) >= pool_slots or int(r.max()) >= R or int(p.max()) >= L):
+                raise IndexError(f"write_back past the pool ({pool_slots} slots) or the rows {tuple(self.k.shape)}")
+            lib.cache_to_pool(self.k.data_ptr(), self.v.data_ptr(), layers, R, n_kv, L, hd, r.data_ptr(),
+                              p.data_ptr(), s.data_ptr(), len(r), self.pool.k.data_ptr(), self.pool.v.data_ptr(),
+                              pool_slots)
+            return
         for src, dst in ((self.k, self.pool.k), (self.v, self.pool.v)):
             layers, _, _, n_kv, hd = dst.shape
             new = src[:, r, :, positions.reshape(-1)]  # (P * S, layers, n_kv, hd): advanced indices first

@@ -9,6 +9,14 @@ SiLU-and-multiply), and samples in one more call. It reads the model's own norm 
 large layers; small projection weights get fused, transposed copies (_Product), which
 `refresh()` rebuilds after every weight update.
 
+When every weight has such a copy (a small model, like the built-in one) and the torch
+build exports BLAS sgemm (MKL builds do), the layer loop itself runs in C: one
+`decode_pass` call per pass, embedding to logits, instead of about ten Python-side
+calls per layer. That is the same arithmetic, bit for bit (sgemm is what torch.mm
+calls), and 1.29x faster for the built-in model at 32 rows (bench/decode_pass.py). Otherwise the loop
+runs here in Python, as for large models whose products go through oneDNN-packed
+weights (packed_linear.py).
+
 Equivalence with the model's forward pass is tested (tests/test_engine_fused.py):
 logits agree to float32 rounding, greedy decoding gives the same tokens, and the
 engine's logprobs match the trainer's recomputation. The arithmetic is not bit-identical
@@ -30,6 +38,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from polyrl.engine.runner.cpu_kernels import DecodeArgs, DecodeLayer, blas_sgemm
 from polyrl.engine.runner.decode_cache import DecodeCache
 from polyrl.engine.runner.packed_linear import MIN_PACKED_ELEMENTS
 from polyrl.models.transformer import Transformer, rope_cos_sin
@@ -90,10 +99,12 @@ class _Product:
 
 
 class FusedDecoder:
-    def __init__(self, model: Transformer, cache: DecodeCache, lib: ctypes.CDLL) -> None:
+    def __init__(self, model: Transformer, cache: DecodeCache, lib: ctypes.CDLL, whole_pass: bool = True) -> None:
+        """whole_pass=False keeps to the layer loop in Python even where decode_pass could
+        run (tests and bench/decode_pass.py compare the two)."""
         reason = unsupported(model)
         assert reason is None, reason
-        self.model, self.cache, self.lib = model, cache, lib
+        self.model, self.cache, self.lib, self.whole_pass = model, cache, lib, whole_pass
         cfg = model.cfg
         self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.eps = float(cfg.rms_norm_eps)
@@ -113,6 +124,32 @@ class FusedDecoder:
                                 _Product([a.o_proj]), layer.post_attention_layernorm.weight,
                                 _Product([m.gate_proj, m.up_proj]), _Product([m.down_proj])))
         self.head = _Product([self.model.lm_head])
+        self.whole = self._whole_pass()
+
+    def _whole_pass(self) -> DecodeArgs | None:
+        """The weight half of decode_pass's arguments, when the whole pass can run in one C
+        call: every product has a fused copy (a small model) and this torch exports sgemm_."""
+        products = [p for layer in self.layers for p in layer if isinstance(p, _Product)] + [self.head]
+        if not self.whole_pass or any(p.wt is None for p in products):
+            return None
+        sgemm = blas_sgemm()
+        if isinstance(sgemm, str):
+            return None
+
+        def addr(t: Tensor | None) -> int:
+            return 0 if t is None else t.data_ptr()
+
+        self._layer_args = (DecodeLayer * len(self.layers))(*[
+            DecodeLayer(addr(n1), addr(qkv.wt), addr(qkv.bias), addr(o.wt), addr(o.bias), addr(n2), addr(gu.wt),
+                        addr(gu.bias), addr(down.wt), addr(down.bias))
+            for n1, qkv, o, n2, gu, down in self.layers])
+        cfg = self.model.cfg
+        return DecodeArgs(sgemm=sgemm, layers=ctypes.addressof(self._layer_args), n_layers=len(self.layers),
+                          D=cfg.hidden_size, nh=self.nh, nkv=self.nkv, hd=self.hd, inter=cfg.intermediate_size,
+                          V=self.head.out_features, eps=self.eps, scale=self.scale,
+                          embed=self.model.model.embed_tokens.weight.data_ptr(),
+                          final_norm=self.model.model.norm.weight.data_ptr(), whead=self.head.wt.data_ptr(),
+                          bhead=addr(self.head.bias))
 
     @torch.inference_mode()
     def logits(self, ids: Tensor, pos: Tensor, rows: Tensor) -> Tensor:
@@ -120,13 +157,14 @@ class FusedDecoder:
         decode-cache row, whose positions < pos must hold the context) -> logits (S, V)
         float32. Writes each layer's new K/V into the rows at pos."""
         lib, S = self.lib, ids.shape[0]
-        pos, rows = pos.contiguous(), rows.contiguous()
+        ids, pos, rows = ids.contiguous(), pos.contiguous(), rows.contiguous()  # named: C reads them
+        self._check(pos, rows)
+        logits = torch.empty(S, self.head.out_features)  # returned: the caller may keep it
+        if self.whole is not None:
+            lib.decode_pass(ctypes.byref(self._whole_args(ids, pos, rows, logits)))
+            return logits
         kc, vc = self.cache.k, self.cache.v  # (layers, rows, nkv, L, hd)
-        L, last = kc.shape[3], int(pos.max())
-        if last >= L or int(rows.max()) >= kc.shape[1] or int(pos.min()) < 0:  # C would write out of bounds
-            raise IndexError(f"decode cache {tuple(kc.shape)} cannot hold positions up to {last} "
-                             f"in rows up to {int(rows.max())}")
-        self._rope_tables(last + 1)
+        L = kc.shape[3]
         x = self.model.model.embed_tokens.weight.index_select(0, ids)  # (S, D), the residual stream
         D = x.shape[1]
         h = self._buffer("h", S, D)
@@ -146,7 +184,57 @@ class FusedDecoder:
             lib.silu_mul(gu.data_ptr(), act.data_ptr(), S, act.shape[1])
             down.add_to(x, act)
         lib.rms_norm(x.data_ptr(), self.model.model.norm.weight.data_ptr(), h.data_ptr(), S, D, self.eps)
-        return self.head(h, torch.empty(S, self.head.out_features))  # returned: the caller may keep it
+        return self.head(h, logits)
+
+    @torch.inference_mode()
+    def burst(self, ids: Tensor, pos: Tensor, rows: Tensor, temperature: Tensor, u: Tensor, stop: Tensor,
+              keep: Tensor) -> tuple[Tensor, Tensor, int]:
+        """Up to K passes and their samples in one C call (decode_burst; needs `whole`, and
+        rows that `sample` covers): ids (S,) the first pass's tokens, pos (K, S), rows (S,),
+        temperature (S,), u (K, S) float64, stop (S, m) stop ids padded with -1, keep (S,)
+        the passes each row may keep. Stops once every row has sampled a stop id or reached
+        its keep. -> tokens (K, S) long, logprobs (K, S), the passes run (rows past them
+        undefined). The same tokens as `logits` then `sample` pass by pass."""
+        assert self.whole is not None, "burst needs the whole pass in C"
+        assert ids.dtype == pos.dtype == rows.dtype == stop.dtype == keep.dtype == torch.long
+        assert temperature.dtype == torch.float32 and u.dtype == torch.float64
+        K, S = pos.shape
+        ids, pos, rows, stop = ids.contiguous(), pos.contiguous(), rows.contiguous(), stop.contiguous()
+        self._check(pos, rows)
+        args = self._whole_args(ids, pos, rows, self._buffer("logits", S, self.head.out_features))
+        tokens, logprobs = torch.empty(K, S, dtype=torch.long), torch.empty(K, S)
+        done = torch.empty(S, dtype=torch.uint8)  # named: alive until the call returns
+        temperature, u, keep = temperature.contiguous(), u.contiguous(), keep.contiguous()
+        passes = self.lib.decode_burst(
+            ctypes.byref(args), K, pos.data_ptr(), temperature.data_ptr(), u.data_ptr(), stop.data_ptr(),
+            stop.shape[1], keep.data_ptr(), tokens.data_ptr(), logprobs.data_ptr(),
+            self._buffer("work", 1, self.head.out_features).data_ptr(), done.data_ptr())
+        return tokens, logprobs, passes
+
+    def _check(self, pos: Tensor, rows: Tensor) -> None:
+        """Refuse positions or rows outside the decode cache (C would write out of bounds);
+        extend the RoPE tables to cover pos."""
+        kc = self.cache.k
+        last = int(pos.max())
+        if last >= kc.shape[3] or int(rows.max()) >= kc.shape[1] or int(pos.min()) < 0:
+            raise IndexError(f"decode cache {tuple(kc.shape)} cannot hold positions up to {last} "
+                             f"in rows up to {int(rows.max())}")
+        self._rope_tables(last + 1)
+
+    def _whole_args(self, ids: Tensor, pos: Tensor, rows: Tensor, logits: Tensor) -> DecodeArgs:
+        """decode_pass's arguments for this call (contiguous ids, pos, rows; logits (S, V)).
+        The struct holds bare addresses: the caller keeps every tensor alive until C returns."""
+        a, S, kc = self.whole, ids.shape[0], self.cache.k
+        bufs = {"x": a.D, "h": a.D, "qkv": (self.nh + 2 * self.nkv) * self.hd, "attn": self.nh * self.hd,
+                "gu": 2 * a.inter, "act": a.inter}
+        for name, cols in bufs.items():
+            setattr(a, name, self._buffer(name, S, cols).data_ptr())
+        a.scores = self._buffer("scores", 1, kc.shape[3]).data_ptr()
+        a.S, a.L, a.layer_stride = S, kc.shape[3], kc.stride(0)
+        a.ids, a.pos, a.rows = ids.data_ptr(), pos.data_ptr(), rows.data_ptr()
+        a.cos_t, a.sin_t, a.kc, a.vc = self.cos.data_ptr(), self.sin.data_ptr(), kc.data_ptr(), self.cache.v.data_ptr()
+        a.logits = logits.data_ptr()
+        return a
 
     def _buffer(self, name: str, rows: int, cols: int) -> Tensor:
         """A reused (rows, cols) float32 scratch tensor (contents undefined)."""

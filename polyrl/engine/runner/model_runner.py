@@ -14,7 +14,9 @@ back to the scheduler: slots, masks, cache write positions and sampling noise fo
 pass are computed once up front as (passes, S) tensors, each pass feeds the previous
 pass's samples back in, and the burst ends early once every sequence has hit a stop
 token or its last kept pass. Per pass that leaves the model's operators (or the fused
-pass) and the sampler; per token, no Python at all until postprocess.
+pass) and the sampler; per token, no Python at all until postprocess. Where the fused
+pass runs whole in C (small models) and every row samples plainly, the burst itself is
+one C call (FusedDecoder.burst), and its K/V go to the pool in one more.
 
 Out of scope: tensor parallelism, CUDA graphs, asynchronous scheduling (preparing step
 t+1 while step t runs); on GPU those are the vLLM backend's job.
@@ -128,32 +130,36 @@ class ModelRunner:
         u = rows.uniforms(K)  # (K, S)
         stop_table = _stop_table(seqs)  # (S, m)
         ids = torch.tensor([s.token_ids[s.num_computed_tokens] for s in seqs])  # (S,)
-        tokens = torch.empty(K, len(seqs), dtype=torch.long)
-        logprobs = torch.empty(K, len(seqs))
-        tops = []
-        done = torch.zeros(len(seqs), dtype=torch.bool)
-        passes = 0
         write_pool = self.decode_cache is None  # else the rows are copied to the pool after the burst
-        for k in range(K):
-            if fused is not None:
-                logits = fused.logits(ids, pos[k], cache_rows)  # (S, V)
-            else:
-                self.attention.slot_mapping, self.attention.groups = slots[k] if write_pool else None, [groups[k]]
-                logits = self.model.lm_head(self.model.hidden(ids[None], pos[k][None], self.attention)[0]).float()
-            if fused is not None and rows.plain:
-                (ids, logprobs[k]), top = fused.sample(logits, rows.temperature, u[k]), None
-            else:
-                ids, logprobs[k], top = rows.sample(logits, u[k])
-            tokens[k] = ids
-            if top is not None:
-                tops.append(top)
-            passes = k + 1
-            done |= (ids[:, None] == stop_table).any(-1) | (keep <= passes)
-            if bool(done.all()):
-                break
+        tops: list[Tensor] = []
+        if fused is not None and fused.whole is not None and rows.plain:  # the loop below, in one C call
+            tokens, logprobs, passes = fused.burst(ids, pos, cache_rows, rows.temperature, u, stop_table, keep)
+        else:
+            tokens = torch.empty(K, len(seqs), dtype=torch.long)
+            logprobs = torch.empty(K, len(seqs))
+            done = torch.zeros(len(seqs), dtype=torch.bool)
+            passes = 0
+            for k in range(K):
+                if fused is not None:
+                    logits = fused.logits(ids, pos[k], cache_rows)  # (S, V)
+                else:
+                    self.attention.slot_mapping = slots[k] if write_pool else None
+                    self.attention.groups = [groups[k]]
+                    logits = self.model.lm_head(self.model.hidden(ids[None], pos[k][None], self.attention)[0]).float()
+                if fused is not None and rows.plain:
+                    (ids, logprobs[k]), top = fused.sample(logits, rows.temperature, u[k]), None
+                else:
+                    ids, logprobs[k], top = rows.sample(logits, u[k])
+                tokens[k] = ids
+                if top is not None:
+                    tops.append(top)
+                passes = k + 1
+                done |= (ids[:, None] == stop_table).any(-1) | (keep <= passes)
+                if bool(done.all()):
+                    break
         if not write_pool:
             self.decode_cache.write_back(cache_rows if fused is not None else groups[0].rows, pos[:passes],
-                                         slots[:passes])
+                                         slots[:passes], fused.lib if fused is not None else None)
         top_lists = rows.top_dicts(torch.stack(tops)) if tops else None
         return StepOutput(tokens[:passes].T.tolist(), logprobs[:passes].T.tolist(), top_lists)
 
