@@ -47,7 +47,7 @@ def main() -> None:
     from bench.engine_parts import NoTextTokenizer, make_model_dir
     from polyrl.engine.base import SamplingParams
     from polyrl.engine.paged import PagedEngine
-    from polyrl.engine.runner.fused_decode import FusedDecoder
+    from polyrl.engine.runner.fused_decode import ATTEND_GROUP, FusedDecoder
     from polyrl.models.hf_io import load_pretrained
 
     model = load_pretrained(make_model_dir(args.model, Path(args.workdir)))[0].eval()
@@ -67,7 +67,7 @@ def main() -> None:
     gu = gate_up(h, torch.empty(S, gate_up.out_features))
     act = torch.empty(S, gu.shape[1] // 2)
     logits = torch.empty(S, fused.head.out_features)
-    scores = torch.empty(cache.k.shape[3])
+    scores = torch.empty(ATTEND_GROUP * cache.k.shape[3])
     fused._rope_tables(P + 1)
     u, temperature = torch.rand(S, dtype=torch.float64), torch.ones(S)
     parts = {

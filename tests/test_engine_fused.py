@@ -19,12 +19,14 @@ from polyrl.models.transformer import Transformer
 from tests.helpers import tiny_model, tiny_tokenizer
 from tests.test_engine_dense import PROMPTS, naive_greedy
 
-SHAPES = {  # head sizes 16 (generic kernel path), 32 and 64 (unrolled); biases; tied and untied heads
+SHAPES = {  # head sizes 12, 16 (generic kernel path), 32 and 64 (unrolled); biases; tied and untied heads
     "qwen2_hd16_gqa": dict(model_type="qwen2", hidden_size=64, intermediate_size=128, num_attention_heads=4,
                            num_key_value_heads=2, tie_word_embeddings=True),
     "llama_hd32_gqa_biased": dict(model_type="llama", hidden_size=128, intermediate_size=384, num_attention_heads=4,
                                   num_key_value_heads=2, attention_bias=True),
     "llama_hd64_mha": dict(model_type="llama", hidden_size=128, intermediate_size=256, num_attention_heads=2),
+    "llama_hd12_rep6": dict(model_type="llama", hidden_size=72, intermediate_size=96, num_attention_heads=6,
+                            num_key_value_heads=1),  # 6 query heads per K/V head: groups of 4 and 2; no AVX dots
     "llama_large_layers": dict(model_type="llama", hidden_size=256, intermediate_size=704, num_attention_heads=4,
                                num_key_value_heads=1),  # gate/up and lm_head run through the model's own modules
 }

@@ -74,38 +74,78 @@ static inline void rope(const float *restrict x, const float *restrict c, const 
     for (int64_t i = half; i < hd; i++) y[i] = x[i] * c[i] + x[i - half] * s[i];
 }
 
-/* softmax(q . K[0..p]) V[0..p] for one query head (q already scaled): out (hd,).
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+/* The 8 dot products q . k[j] of q (hd,) with 8 consecutive rows k[j] = k + j hd (hd a
+   multiple of 8), as one vector: vertical FMAs per row, then one transposing reduction
+   instead of a horizontal sum per row. */
+static inline __m256 dot8(const float *restrict q, const float *restrict k, int64_t hd) {
+    __m256 a[8];
+    for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < hd; i += 8) {
+        __m256 qi = _mm256_loadu_ps(q + i);
+        for (int j = 0; j < 8; j++) a[j] = _mm256_fmadd_ps(qi, _mm256_loadu_ps(k + j * hd + i), a[j]);
+    }
+    /* hadd(x, y) = [x0+x1, x2+x3, y0+y1, y2+y3 | x4+x5, x6+x7, y4+y5, y6+y7]: two levels leave
+       the rows' sums over each 128-bit half, in row order; adding the halves finishes them. */
+    __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+#endif
+
+#define GROUP 4 /* query heads attended together over one K/V head (GQA) */
+#define MAX_HEAD_DIM 512
+
+/* softmax(q_r . K[0..p]) V[0..p] for g <= GROUP query heads q (g, hd) (already scaled) that
+   share one K/V head: out (g, hd). Each K and V position is read once for all g heads,
+   and their accumulators stay in registers. scores (>= g (p + 1) floats) is scratch.
    Inlined with a constant hd at the call sites below, so its loops unroll fully. */
-static inline __attribute__((always_inline)) void attend_head(
-        const float *restrict q, const float *restrict krow, const float *restrict vrow, int64_t p, int64_t hd,
-        float *restrict scores, float *restrict out) {
-    float m = -INFINITY;
-    for (int64_t j = 0; j <= p; j++) {
+static inline __attribute__((always_inline)) void attend_group(
+        const float *restrict q, int64_t g, const float *restrict krow, const float *restrict vrow, int64_t p,
+        int64_t hd, float *restrict scores, float *restrict out) {
+    int64_t n = p + 1, j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    if (hd % 8 == 0)
+        for (; j + 8 <= n; j += 8)
+            for (int64_t r = 0; r < g; r++) _mm256_storeu_ps(scores + r * n + j, dot8(q + r * hd, krow + j * hd, hd));
+#endif
+    for (; j < n; j++) {
         const float *kj = krow + j * hd;
-        float dot = 0.0f;
+        for (int64_t r = 0; r < g; r++) {
+            const float *qr = q + r * hd;
+            float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-        for (int64_t i = 0; i < hd; i++) dot += q[i] * kj[i];
-        scores[j] = dot;
-        m = dot > m ? dot : m;
+            for (int64_t i = 0; i < hd; i++) dot += qr[i] * kj[i];
+            scores[r * n + j] = dot;
+        }
     }
-    float total = 0.0f;
+    float inv[GROUP];
+    for (int64_t r = 0; r < g; r++) {
+        float *sr = scores + r * n, m = -INFINITY, total = 0.0f;
+#pragma omp simd reduction(max : m)
+        for (int64_t j = 0; j < n; j++) m = sr[j] > m ? sr[j] : m;
 #pragma omp simd reduction(+ : total)
-    for (int64_t j = 0; j <= p; j++) {
-        scores[j] = fast_exp(scores[j] - m);
-        total += scores[j];
+        for (int64_t j = 0; j < n; j++) {
+            sr[j] = fast_exp(sr[j] - m);
+            total += sr[j];
+        }
+        inv[r] = 1.0f / total;
     }
-    float acc[hd];
-#pragma omp simd
-    for (int64_t i = 0; i < hd; i++) acc[i] = 0.0f;
-    for (int64_t j = 0; j <= p; j++) {
+    float acc[GROUP * MAX_HEAD_DIM];
+    for (int64_t i = 0; i < g * hd; i++) acc[i] = 0.0f;
+    for (int64_t j = 0; j < n; j++) {
         const float *vj = vrow + j * hd;
-        float wj = scores[j];
+        for (int64_t r = 0; r < g; r++) {
+            float wj = scores[r * n + j], *ar = acc + r * hd;
 #pragma omp simd
-        for (int64_t i = 0; i < hd; i++) acc[i] += wj * vj[i];
+            for (int64_t i = 0; i < hd; i++) ar[i] += wj * vj[i];
+        }
     }
-    float inv = 1.0f / total;
+    for (int64_t r = 0; r < g; r++)
 #pragma omp simd
-    for (int64_t i = 0; i < hd; i++) out[i] = acc[i] * inv;
+        for (int64_t i = 0; i < hd; i++) out[r * hd + i] = acc[r * hd + i] * inv[r];
 }
 
 /* One decode token per sequence, for one layer:
@@ -113,13 +153,13 @@ static inline __attribute__((always_inline)) void attend_head(
      cos_t, sin_t (P, hd): RoPE tables by position; pos (S,): the token's position;
      kc, vc: this layer's decode-cache rows (rows, nkv, L, hd), row of each sequence rows (S,);
    rotates q and k, writes k and v at [row, head, pos], and attends over positions
-   0..pos of the row: out (S, nh hd). scores (>= pos + 1 floats) is scratch. */
+   0..pos of the row: out (S, nh hd). scores (>= GROUP (pos + 1) floats) is scratch. */
 void rope_attend(const float *restrict qkv, int64_t S, int64_t nh, int64_t nkv, int64_t hd,
                  const float *restrict cos_t, const float *restrict sin_t, const int64_t *restrict pos,
                  const int64_t *restrict rows, float *restrict kc, float *restrict vc, int64_t L,
                  float *restrict out, float scale, float *restrict scores) {
     int64_t width = (nh + 2 * nkv) * hd, rep = nh / nkv;
-    float qr[512];
+    float qr[GROUP * MAX_HEAD_DIM];
     for (int64_t s = 0; s < S; s++) {
         int64_t p = pos[s];
         const float *c = cos_t + p * hd, *sn = sin_t + p * hd;
@@ -128,17 +168,19 @@ void rope_attend(const float *restrict qkv, int64_t S, int64_t nh, int64_t nkv, 
             float *krow = kc + ((rows[s] * nkv + h) * L) * hd, *vrow = vc + ((rows[s] * nkv + h) * L) * hd;
             rope(k + h * hd, c, sn, krow + p * hd, hd);
             memcpy(vrow + p * hd, v + h * hd, (size_t)hd * sizeof(float));
-            for (int64_t r = 0; r < rep; r++) {
-                int64_t qh = h * rep + r;
+            for (int64_t r0 = 0; r0 < rep; r0 += GROUP) {
+                int64_t g = rep - r0 < GROUP ? rep - r0 : GROUP, qh = h * rep + r0;
                 float *o = out + s * nh * hd + qh * hd;
-                rope(q + qh * hd, c, sn, qr, hd);
+                for (int64_t r = 0; r < g; r++) {
+                    rope(q + (qh + r) * hd, c, sn, qr + r * hd, hd);
 #pragma omp simd
-                for (int64_t i = 0; i < hd; i++) qr[i] *= scale;
+                    for (int64_t i = 0; i < hd; i++) qr[r * hd + i] *= scale;
+                }
                 switch (hd) { /* the common head sizes get fully unrolled loops */
-                    case 32: attend_head(qr, krow, vrow, p, 32, scores, o); break;
-                    case 64: attend_head(qr, krow, vrow, p, 64, scores, o); break;
-                    case 128: attend_head(qr, krow, vrow, p, 128, scores, o); break;
-                    default: attend_head(qr, krow, vrow, p, hd, scores, o);
+                    case 32: attend_group(qr, g, krow, vrow, p, 32, scores, o); break;
+                    case 64: attend_group(qr, g, krow, vrow, p, 64, scores, o); break;
+                    case 128: attend_group(qr, g, krow, vrow, p, 128, scores, o); break;
+                    default: attend_group(qr, g, krow, vrow, p, hd, scores, o);
                 }
             }
         }
@@ -234,7 +276,7 @@ struct decode_args {
     float *kc, *vc;              /* layer 0's cache rows; layer i at + i * layer_stride */
     const float *final_norm, *whead, *bhead; /* whead (D, V) */
     float *logits;               /* (S, V) out */
-    /* scratch: x, h (S, D); qkv (S, (nh + 2 nkv) hd); attn (S, nh hd); gu (S, 2 inter); act (S, inter); scores (L) */
+    /* scratch: x, h (S, D); qkv (S, (nh + 2 nkv) hd); attn (S, nh hd); gu (S, 2 inter); act (S, inter); scores (GROUP L) */
     float *x, *h, *qkv, *attn, *gu, *act, *scores;
 };
 

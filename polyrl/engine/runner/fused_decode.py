@@ -43,7 +43,8 @@ from polyrl.engine.runner.decode_cache import DecodeCache
 from polyrl.engine.runner.packed_linear import MIN_PACKED_ELEMENTS
 from polyrl.models.transformer import Transformer, rope_cos_sin
 
-MAX_HEAD_DIM = 512  # cpu_kernels.c's rope_attend keeps one rotated query on the stack
+MAX_HEAD_DIM = 512  # cpu_kernels.c's rope_attend keeps its rotated queries on the stack
+ATTEND_GROUP = 4  # cpu_kernels.c's GROUP: query heads attended together, each with its own scores
 
 
 def unsupported(model: Transformer) -> str | None:
@@ -169,7 +170,7 @@ class FusedDecoder:
         D = x.shape[1]
         h = self._buffer("h", S, D)
         attn = self._buffer("attn", S, self.nh * self.hd)
-        scores = self._buffer("scores", 1, L)
+        scores = self._buffer("scores", 1, ATTEND_GROUP * L)
         layer_bytes = kc.stride(0) * kc.element_size()
         for i, (norm1, qkv, o, norm2, gate_up, down) in enumerate(self.layers):
             lib.rms_norm(x.data_ptr(), norm1.data_ptr(), h.data_ptr(), S, D, self.eps)
@@ -229,7 +230,7 @@ class FusedDecoder:
                 "gu": 2 * a.inter, "act": a.inter}
         for name, cols in bufs.items():
             setattr(a, name, self._buffer(name, S, cols).data_ptr())
-        a.scores = self._buffer("scores", 1, kc.shape[3]).data_ptr()
+        a.scores = self._buffer("scores", 1, ATTEND_GROUP * kc.shape[3]).data_ptr()
         a.S, a.L, a.layer_stride = S, kc.shape[3], kc.stride(0)
         a.ids, a.pos, a.rows = ids.data_ptr(), pos.data_ptr(), rows.data_ptr()
         a.cos_t, a.sin_t, a.kc, a.vc = self.cos.data_ptr(), self.sin.data_ptr(), kc.data_ptr(), self.cache.v.data_ptr()
