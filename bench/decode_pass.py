@@ -13,6 +13,10 @@ dispatch, and cache rows that no longer sit in the CPU's caches. Where the whole
 runs as one C call (small models), the same pass with its layer loop in Python is timed
 beside it.
 
+It also prints the products' FLOP rate, timed alone and over the whole pass, against
+the machine's matmul rate at the same thread count (bench/engine.py's ceiling): the
+products alone bound what share of the ceiling any decode pass can reach.
+
 Not covered: the unfused pass (bench/engine.py's "unfused" engine times that end to
 end), prefill, the scheduler.
 """
@@ -44,7 +48,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from bench.engine_parts import NoTextTokenizer, make_model_dir
+    from bench.engine_parts import NoTextTokenizer, machine_bound, make_model_dir
     from polyrl.engine.base import SamplingParams
     from polyrl.engine.paged import PagedEngine
     from polyrl.engine.runner.fused_decode import ATTEND_GROUP, FusedDecoder
@@ -111,6 +115,15 @@ def main() -> None:
     print(f"  parts of one pass, summed: {parts_total:.1f} us; products {products:.1f} us "
           f"({100 * products / med['WHOLE PASS']:.0f}% of the pass); pass + sampler = "
           f"{med['WHOLE PASS'] + med['sampler']:.1f} us = {S / (med['WHOLE PASS'] + med['sampler']) * 1e6:,.0f} tok/s")
+    D, V = cfg.hidden_size, fused.head.out_features
+    layer_flops = 2 * S * (D * qkv.out_features + fused.nh * fused.hd * D + D * gate_up.out_features
+                           + gate_up.out_features // 2 * D)
+    flops = layer_flops * cfg.num_hidden_layers + 2 * S * D * V
+    peak = machine_bound()["flops"]
+    print(f"  the pass's products: {flops / 1e9:.3f} GFLOP; timed alone {flops / products / 1e3:.1f} GFLOP/s "
+          f"({100 * flops / products / 1e3 / peak * 1e9:.0f}% of this machine's 2048^2 matmul rate at "
+          f"{args.threads} thread(s), {peak / 1e9:.1f} GFLOP/s); over the whole pass "
+          f"{flops / med['WHOLE PASS'] / 1e3:.1f} GFLOP/s ({100 * flops / med['WHOLE PASS'] / 1e3 / peak * 1e9:.0f}%)")
     if "LAYER LOOP IN PYTHON" in med:
         print(f"  the whole pass is one C call (decode_pass): {med['LAYER LOOP IN PYTHON'] / med['WHOLE PASS']:.2f}x "
               f"faster than the same pass with its layer loop in Python")
