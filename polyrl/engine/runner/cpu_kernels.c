@@ -7,8 +7,9 @@
    arithmetic when the model is small. Each function here does one such chain in a single
    pass over its rows. Compiled and loaded by cpu_kernels.py; used by fused_decode.py.
 
-   Every function is plain C99 over contiguous row-major float32 buffers; the caller owns
-   all memory. Reductions carry `omp simd` so the compiler may vectorise them
+   Every function is plain C99 over contiguous row-major float32 buffers (attention's dot
+   products use AVX2 intrinsics where the compiler targets them); the caller owns all
+   memory. Reductions carry `omp simd` so the compiler may vectorise them
    (-fopenmp-simd: no OpenMP runtime is linked). */
 
 #include <math.h>
@@ -99,8 +100,8 @@ static inline __m256 dot8(const float *restrict q, const float *restrict k, int6
 #define MAX_HEAD_DIM 512
 
 /* softmax(q_r . K[0..p]) V[0..p] for g <= GROUP query heads q (g, hd) (already scaled) that
-   share one K/V head: out (g, hd). Each K and V position is read once for all g heads,
-   and their accumulators stay in registers. scores (>= g (p + 1) floats) is scratch.
+   share one K/V head: out (g, hd). Each K and V position is read once for all g heads.
+   scores (>= g (p + 1) floats) is scratch.
    Inlined with a constant hd at the call sites below, so its loops unroll fully. */
 static inline __attribute__((always_inline)) void attend_group(
         const float *restrict q, int64_t g, const float *restrict krow, const float *restrict vrow, int64_t p,
@@ -250,8 +251,8 @@ void cache_to_pool(const float *restrict kc, const float *restrict vc, int64_t l
 
 /* ---- The whole decode pass in one call (models whose weights are all small) ----
 
-   Python's loop over layers costs about 0.4 ms a pass in operator dispatch, which for the
-   built-in model is a fifth of the pass. decode_pass runs the same chain, embedding to
+   Python's loop over layers costs 0.2 to 0.4 ms a pass in operator dispatch
+   (bench/decode_pass.py), up to a fifth of the built-in model's pass. decode_pass runs the same chain, embedding to
    logits, in one call: the matrix products go to the BLAS sgemm (Fortran interface,
    column-major) whose address the caller passes, the same routine torch.mm reaches on
    CPU builds with MKL; the rest are the kernels above. */

@@ -13,9 +13,10 @@ When every weight has such a copy (a small model, like the built-in one) and the
 build exports BLAS sgemm (MKL builds do), the layer loop itself runs in C: one
 `decode_pass` call per pass, embedding to logits, instead of about ten Python-side
 calls per layer. That is the same arithmetic, bit for bit (sgemm is what torch.mm
-calls), and 1.29x faster for the built-in model at 32 rows (bench/decode_pass.py). Otherwise the loop
-runs here in Python, as for large models whose products go through oneDNN-packed
-weights (packed_linear.py).
+calls), and 1.17 to 1.29x faster for the built-in model at 32 rows
+(bench/decode_pass.py); `burst` runs a whole decode burst, sampling included, in one
+call. Otherwise the loop runs here in Python, as for large models whose products go
+through oneDNN-packed weights (packed_linear.py).
 
 Equivalence with the model's forward pass is tested (tests/test_engine_fused.py):
 logits agree to float32 rounding, greedy decoding gives the same tokens, and the
