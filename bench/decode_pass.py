@@ -51,14 +51,16 @@ def main() -> None:
     from bench.engine_parts import NoTextTokenizer, machine_bound, make_model_dir
     from polyrl.engine.base import SamplingParams
     from polyrl.engine.paged import PagedEngine
+    from polyrl.engine.runner.decode_backend import FusedDecode
     from polyrl.engine.runner.fused_decode import ATTEND_GROUP, FusedDecoder
     from polyrl.models.hf_io import load_pretrained
 
     model = load_pretrained(make_model_dir(args.model, Path(args.workdir)))[0].eval()
     eng = PagedEngine(copy.deepcopy(model), NoTextTokenizer())
-    fused = eng.runner.fused
-    if fused is None:
-        sys.exit(f"no fused pass: {eng.runner.fused_off_reason}")
+    backend = eng.runner.decode_backend
+    if not isinstance(backend, FusedDecode):
+        sys.exit(f"no fused pass: {backend.reason}")
+    fused = backend.decoder
     S, P = args.batch, args.context
     eng.generate([[5] * 16] * S, 1, SamplingParams(max_tokens=P, ignore_eos=True, seed=0))  # sizes the rows
     lib, cache, cfg = fused.lib, eng.runner.decode_cache, model.cfg

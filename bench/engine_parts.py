@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import torch
 
 from polyrl.engine.base import SamplingParams
-from polyrl.engine.config import PagedConfig
+from polyrl.engine.config import NativeEngineConfig
 from polyrl.engine.dense import DenseEngine
 from polyrl.engine.paged import PagedEngine
 from polyrl.engine.parallel import DataParallelEngine
@@ -48,7 +48,7 @@ class NoTextTokenizer:
 def make_model_dir(name: str, workdir: Path, builtin: bool = False) -> Path:
     """An HF directory (config, weights, tokenizer) for `name`, made once."""
     if name == "tiny" and builtin:
-        from polyrl.models.tiny import ensure_tiny_model
+        from polyrl.builtin.tiny import ensure_tiny_model
 
         return ensure_tiny_model()
     target = workdir / name
@@ -56,7 +56,7 @@ def make_model_dir(name: str, workdir: Path, builtin: bool = False) -> Path:
         return target
     tok = train_tiny_tokenizer([p + " " + str(i) for i, p in enumerate(TRL_PROMPTS * 8)], vocab_size=300)
     if name == "tiny":
-        from polyrl.models.tiny import TinyRecipe
+        from polyrl.builtin.tiny import TinyRecipe
 
         r = TinyRecipe()
         shape = dict(vocab_size=r.vocab_size, hidden_size=r.hidden_size, intermediate_size=r.intermediate_size,
@@ -113,27 +113,62 @@ def ceiling(cfg: ModelConfig, params: int, batch: int, bound: dict) -> float:
     return batch / t
 
 
-class VLLMClient:
-    def __init__(self, python: Path, model_dir: Path, threads: int) -> None:
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}",
-                   VLLM_LOGGING_LEVEL="ERROR")
-        self.proc = subprocess.Popen([str(python), str(Path(__file__).with_name("engine.py")), "--worker", "vllm",
+class Worker:
+    """A persistent peer process (bench/engine.py --worker KIND) timing generate requests
+    sent as JSON lines: send() a request, then receive() its {seconds, tokens}."""
+
+    def __init__(self, kind: str, python: Path | str, model_dir: Path, threads: int, env: dict | None = None) -> None:
+        self.proc = subprocess.Popen([str(python), str(Path(__file__).with_name("engine.py")), "--worker", kind,
                                       "--model-dir", str(model_dir), "--threads", str(threads)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd="/tmp")
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env=dict(os.environ, **(env or {})), cwd="/tmp")
         for line in self.proc.stdout:
             if line.strip() == "READY":
                 break
         else:
-            raise RuntimeError("vLLM worker did not start (see its stderr above)")
+            raise RuntimeError(f"{kind} worker did not start (see its stderr above)")
 
-    def generate(self, prompts: list[list[int]], n: int, max_tokens: int) -> dict:
-        self.proc.stdin.write(json.dumps({"prompts": prompts, "n": n, "max_tokens": max_tokens}) + "\n")
+    def send(self, prompts: list[list[int]], max_tokens: int) -> None:
+        self.proc.stdin.write(json.dumps({"prompts": prompts, "n": 1, "max_tokens": max_tokens}) + "\n")
         self.proc.stdin.flush()
+
+    def receive(self) -> dict:
         return json.loads(self.proc.stdout.readline())
+
+    def generate(self, prompts: list[list[int]], max_tokens: int) -> dict:
+        self.send(prompts, max_tokens)
+        return self.receive()
 
     def close(self) -> None:
         self.proc.stdin.close()
         self.proc.wait(timeout=60)
+
+
+def vllm_worker(python: Path, model_dir: Path, threads: int) -> Worker:
+    """vLLM CPU with its documented CPU settings: the KV cache size and the cores its threads bind to."""
+    return Worker("vllm", python, model_dir, threads, dict(VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="ERROR",
+                                                          VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}"))
+
+
+class HFDataParallel:
+    """HF generate split by requests over one single-thread worker process per thread: the
+    data-parallel peer of polyrl's "dp" engine. The time is the whole batch's wall clock."""
+
+    def __init__(self, model_dir: Path, workers: int) -> None:
+        self.workers = [Worker("hf", sys.executable, model_dir, 1) for _ in range(workers)]
+
+    def generate(self, prompts: list[list[int]], max_tokens: int) -> dict:
+        shards = [prompts[i::len(self.workers)] for i in range(len(self.workers))]
+        busy = [(w, shard) for w, shard in zip(self.workers, shards) if shard]
+        t = time.perf_counter()
+        for w, shard in busy:
+            w.send(shard, max_tokens)
+        tokens = sum(w.receive()["tokens"] for w, _ in busy)
+        return {"seconds": time.perf_counter() - t, "tokens": tokens}
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.close()
 
 
 def hf_generate(hf_model, prompts: list[list[int]]) -> dict:
@@ -157,20 +192,22 @@ def throughput(name: str, model_dir: Path, batches: list[int], args, vllm_python
     model = load_pretrained(model_dir)[0].eval()
     vocab = model.cfg.vocab_size
     engines = {"polyrl": PagedEngine(copy.deepcopy(model), NoTextTokenizer()),
-               "unfused": PagedEngine(copy.deepcopy(model), NoTextTokenizer(), PagedConfig(fused_decode=False)),
+               "unfused": PagedEngine(copy.deepcopy(model), NoTextTokenizer(), decode="forward"),
                "dense": DenseEngine(copy.deepcopy(model), NoTextTokenizer())}
     if args.threads > 1:  # the same paged engine as one worker process per thread (engine/parallel.py)
-        engines["dp"] = DataParallelEngine(copy.deepcopy(model), NoTextTokenizer(), workers=args.threads,
-                                           threads_per_worker=1)
-    hf = None
+        engines["dp"] = DataParallelEngine(copy.deepcopy(model), NoTextTokenizer(),
+                                           NativeEngineConfig(workers=args.threads), threads_per_worker=1)
+    hf = hf_dp = None
     if not args.skip_hf:
         from transformers import AutoModelForCausalLM
 
         hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        if args.threads > 1:
+            hf_dp = HFDataParallel(model_dir, args.threads)
     vllm = None
     if vllm_python is not None and not args.skip_vllm:
         try:
-            vllm = VLLMClient(vllm_python, model_dir, args.threads)
+            vllm = vllm_worker(vllm_python, model_dir, args.threads)
         except Exception as e:  # a missing peer is reported, not fatal
             print(f"vLLM CPU unavailable: {e}")
     print(f"\n== {name}: {n_params(model) / 1e6:.1f}M parameters, prompts {PROMPT_LEN} tokens, {NEW_TOKENS} sampled")
@@ -182,8 +219,10 @@ def throughput(name: str, model_dir: Path, batches: list[int], args, vllm_python
             results = {k: polyrl_generate(e, prompts) for k, e in engines.items()}
             if hf is not None:
                 results["hf"] = hf_generate(hf, prompts)
+            if hf_dp is not None:
+                results["hf-dp"] = hf_dp.generate(prompts, NEW_TOKENS)
             if vllm is not None:
-                results["vllm"] = vllm.generate(prompts, 1, NEW_TOKENS)
+                results["vllm"] = vllm.generate(prompts, NEW_TOKENS)
             if rep < 0:
                 continue
             line = []
@@ -192,14 +231,13 @@ def throughput(name: str, model_dir: Path, batches: list[int], args, vllm_python
                 runs.setdefault((k, B), []).append(r["tokens"] / r["seconds"])
                 line.append(f"{k} {r['tokens'] / r['seconds']:8.0f}")
             print(f"  repeat {rep} B={B:3d}: " + "  ".join(line) + f"  tok/s  load={os.getloadavg()[0]:.2f}")
-    if vllm is not None:
-        vllm.close()
-    if "dp" in engines:
-        engines["dp"].close()
+    for peer in (vllm, hf_dp, *engines.values()):
+        if peer is not None:
+            peer.close()
     return runs
 
 
-OURS, PEERS = ("polyrl", "dp"), ("unfused", "dense", "hf", "vllm")
+OURS, PEERS = ("polyrl", "dp"), ("unfused", "dense", "hf", "hf-dp", "vllm")
 
 
 def median_table(name: str, model_dir: Path, runs: dict, batches: list[int], bound: dict) -> None:
@@ -221,9 +259,9 @@ def median_table(name: str, model_dir: Path, runs: dict, batches: list[int], bou
               f"  {ceil:>8.0f}  {ratios}  {shares}")
 
 
-def grpo_workload(workdir: Path) -> None:
+def grpo_workload(model_dir: Path) -> None:
     """16 prompts x G=8: prefill tokens computed with and without the prefix cache."""
-    model = load_pretrained(make_model_dir("tiny", workdir))[0].eval()
+    model = load_pretrained(model_dir)[0].eval()
     rng = random.Random(1)
     prompts = [[rng.randrange(3, model.cfg.vocab_size) for _ in range(96)] for _ in range(16)]
     sp = SamplingParams(temperature=1.0, max_tokens=32, ignore_eos=True, seed=0)
@@ -232,7 +270,7 @@ def grpo_workload(workdir: Path) -> None:
     for caching in (True, False):
         times = []
         for rep in range(3):
-            eng = PagedEngine(copy.deepcopy(model), NoTextTokenizer(), PagedConfig(enable_prefix_caching=caching))
+            eng = PagedEngine(copy.deepcopy(model), NoTextTokenizer(), NativeEngineConfig(enable_prefix_caching=caching))
             t = time.perf_counter()
             eng.generate(prompts, 8, sp)
             times.append(time.perf_counter() - t)
@@ -246,7 +284,7 @@ def rl_step_vs_trl(workdir: Path, vllm_python: Path | None, args) -> None:
     """One GRPO step of 16 prompts x 8 samples x 32 tokens: polyrl (paged engine, and the same
     in one worker process per thread) vs TRL GRPOTrainer. polyrl's steps are timed before and
     after TRL's run, so that a change in the machine's speed meanwhile hits both sides."""
-    model_dir = make_model_dir("tiny", workdir)
+    model_dir = make_model_dir("tiny", workdir, builtin=not args.random_weights)
     kinds = ["paged"] + (["dp"] if args.threads > 1 else [])
     ours = {k: polyrl_rl_steps(model_dir, k, args) for k in kinds}
     if vllm_python is None:
@@ -276,14 +314,15 @@ def polyrl_rl_steps(model_dir: Path, kind: str, args) -> list[float]:
     AdamW step, weight update of the engine."""
     from polyrl.config import TrainerConfig
     from polyrl.rl.advantages import group_advantages
-    from polyrl.rollout.groups import Group
+    from polyrl.rollout.groups import Group, SingleTurn
     from polyrl.train.batch import build_batch
-    from polyrl.train.loop import update
+    from polyrl.train.update import update
     from polyrl.types import Score, Task
 
     tok = Tokenizer.from_dir(model_dir)
     policy = load_pretrained(model_dir)[0]
-    engine = (DataParallelEngine(copy.deepcopy(policy), tok, workers=args.threads, threads_per_worker=1)
+    engine = (DataParallelEngine(copy.deepcopy(policy), tok, NativeEngineConfig(workers=args.threads),
+                                 threads_per_worker=1)
               if kind == "dp" else PagedEngine(copy.deepcopy(policy), tok))
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-4, betas=(0.9, 0.99))
     cfg = SimpleNamespace(seed=0, engine=SimpleNamespace(temperature=1.0),  # the run file's trainer defaults
@@ -295,16 +334,15 @@ def polyrl_rl_steps(model_dir: Path, kind: str, args) -> list[float]:
     for step in range(args.repeats + 1):
         t = time.perf_counter()
         outs = engine.generate(prompt_ids, 8, SamplingParams(temperature=1.0, max_tokens=32, seed=step))
-        groups = [Group(tasks[i], prompt_ids[i], outs[i * 8:(i + 1) * 8]) for i in range(16)]
+        groups = [Group(tasks[i], [SingleTurn(prompt_ids[i], c) for c in outs[i * 8:(i + 1) * 8]]) for i in range(16)]
         for g in groups:
-            g.scores = [Score(float(len(c.text) % 2 == 0)) for c in g.completions]
+            g.scores = [Score(float(len(x.response) % 2 == 0)) for x in g.samples]
         adv = group_advantages(torch.tensor([g.rewards for g in groups]), [g.task.domain for g in groups])
         batch = build_batch(groups, adv.tolist(), [[1.0] * 8] * 16, {"bench": 0.0})
         update(policy, None, optimizer, batch, cfg, step)
         engine.update_weights(policy.state_dict(), version=step + 1)
         times.append(time.perf_counter() - t)
-    if kind == "dp":
-        engine.close()
+    engine.close()
     print(f"\nRL step, 16 prompts x 8 samples x 32 tokens (tiny), polyrl {kind}: "
           f"steps {[round(x, 3) for x in times[1:]]} s, load={os.getloadavg()[0]:.2f}")
     return times[1:]

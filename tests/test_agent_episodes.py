@@ -57,7 +57,7 @@ def test_episode_tokens_mask_and_logprobs(tok):
                                 AgentConfig(max_tokens=96))
     assert [(e.task.id, e.sample) for e in episodes] == [(t.id, j) for t in tasks for j in range(2)]
     assert engine.calls[0] == 8  # lock-step: every live episode in one batched call
-    scores = SuccessMinusCost().score([e.task for e in episodes], [e.completion for e in episodes])
+    scores = SuccessMinusCost().score([e.task for e in episodes], [e.response for e in episodes])
     assert all(s.details["success"] for s in scores)
     for e in episodes:
         assert not e.rewritten and len(e.token_ids) == len(e.loss_mask) == len(e.logprobs)

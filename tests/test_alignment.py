@@ -6,7 +6,7 @@ import random
 import pytest
 
 from polyrl.domains.alignment import BAD_KINDS, AlignmentDomain, bad_answer, good_answer, preference_pairs
-from polyrl.quality.quarantine import RewardMonitor
+from polyrl.train.monitor import RewardMonitor
 from polyrl.rewards.alignment_rules import AlignmentRules, rule_checks, rule_score, words
 from polyrl.rewards.preference_model import PreferenceModel
 from polyrl.rewards.registry import get_verifier
@@ -95,7 +95,7 @@ def test_reward_model_directories_load_in_transformers(rm_cache, micro_pm):
     transformers = pytest.importorskip("transformers")
     import torch
 
-    from polyrl.models.tiny_rm import render
+    from polyrl.rewards.preference_model import render
 
     member = micro_pm.members[0]
     hf = transformers.AutoModelForSequenceClassification.from_pretrained(member.model_dir).eval()

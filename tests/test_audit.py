@@ -12,8 +12,9 @@ import pytest
 from polyrl.config import load_config_text
 from polyrl.domains.registry import get_domain
 from polyrl.quality.audit import AuditOptions, audit_domain, audit_pack, audit_tasks
-from polyrl.quality.quarantine import QuarantinedDomain, RewardMonitor, read_quarantine, write_quarantine
-from polyrl.rollout.groups import Group
+from polyrl.domains.quarantine import QuarantinedDomain, read_quarantine, write_quarantine
+from polyrl.train.monitor import RewardMonitor
+from polyrl.rollout.groups import Group, SingleTurn
 from polyrl.train.setup import build_domains
 from polyrl.types import Completion, Score, Task
 from tests.audit_packs import BROKEN, CLEAN, MALFORMED_LINE, write_pack
@@ -118,8 +119,8 @@ def test_difficulty_flags_always_and_never_solved_tasks():
 
 
 def _group(task, texts, values):
-    completions = [Completion(0, t, [1], [0.0], "stop", 0) for t in texts]
-    return Group(task, [1, 2], completions, [Score(v) for v in values])
+    samples = [SingleTurn([1, 2], Completion(0, t, [1], [0.0], "stop", 0)) for t in texts]
+    return Group(task, samples, [Score(v) for v in values])
 
 
 def test_monitor_flags_full_reward_that_fails_the_independent_check():
@@ -162,7 +163,7 @@ def test_quarantine_file_leaves_tasks_out_of_training(tmp_path):
     cfg = load_config_text("rl_tasks:\n  - {domain: sums, pack: pack.jsonl, quarantine: bad.txt, weight: 1}\n",
                            base_dir=tmp_path)
     doms = build_domains(cfg)
-    assert {t.id for t in doms.domains["sums"].sample("train", 20, seed=0)} == {"p0", "p2"}
+    assert {t.id for t in doms.specs["sums"].source.sample("train", 20, seed=0)} == {"p0", "p2"}
 
 
 def test_missing_quarantine_file_is_a_config_error(tmp_path):

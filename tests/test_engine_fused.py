@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from polyrl.engine.base import SamplingParams
-from polyrl.engine.config import PagedConfig
+from polyrl.engine.config import NativeEngineConfig
 from polyrl.engine.paged import PagedEngine
 from polyrl.engine.runner import cpu_kernels
+from polyrl.engine.runner.decode_backend import ForwardDecode, FusedDecode
 from polyrl.engine.runner.fused_decode import FusedDecoder, unsupported
 from polyrl.engine.sampler import counter_uniforms, sample_batch
 from polyrl.models.config import ModelConfig
@@ -104,17 +105,18 @@ def setup(tmp_path_factory):
     return tok, [tok.encode(tok.chat_prompt(p)) for p in PROMPTS]
 
 
-def engine(model, tok, **kw) -> PagedEngine:
-    return PagedEngine(copy.deepcopy(model), tok, PagedConfig(**kw))
+def engine(model, tok, decode="auto", decode_cache=True, **kw) -> PagedEngine:
+    return PagedEngine(copy.deepcopy(model), tok, NativeEngineConfig(**kw), decode=decode, decode_cache=decode_cache)
 
 
 @pytest.mark.parametrize("name", ["qwen2_hd16_gqa", "llama_large_layers"])
 def test_engine_on_the_fused_pass_equals_the_model_forward_pass(lib, setup, name):
     tok, prompts = setup
     model = random_model(SHAPES[name], vocab=tok.vocab_size)
-    fused, plain = engine(model, tok, block_size=4), engine(model, tok, block_size=4, fused_decode=False)
-    assert fused.runner.fused is not None and plain.runner.fused is None
-    assert plain.runner.fused_off_reason == "engine.native.fused_decode is off"
+    fused, plain = engine(model, tok, block_size=4), engine(model, tok, block_size=4, decode="forward")
+    assert isinstance(fused.runner.decode_backend, FusedDecode)
+    assert isinstance(plain.runner.decode_backend, ForwardDecode)
+    assert plain.runner.decode_backend.reason == "the model's forward pass was asked for"
     greedy = SamplingParams(temperature=0, max_tokens=12)
     outs = fused.generate(prompts, 2, greedy)
     for c, d in zip(outs, plain.generate(prompts, 2, greedy)):
@@ -136,12 +138,13 @@ def test_models_and_settings_the_fused_pass_does_not_cover_fall_back_with_a_reas
                               num_key_value_heads=2), vocab=tok.vocab_size)
     assert "q/k norms" in unsupported(qwen3)
     eng = engine(qwen3, tok, block_size=4)
-    assert eng.runner.fused is None and "q/k norms" in eng.runner.fused_off_reason
+    assert isinstance(eng.runner.decode_backend, ForwardDecode) and "q/k norms" in eng.runner.decode_backend.reason
     c = eng.generate(prompts[:1], 1, SamplingParams(temperature=0, max_tokens=6))[0]
     assert c.token_ids == naive_greedy(qwen3, prompts[0], 6, set(tok.stop_token_ids()))
     assert "float32" in unsupported(tiny_model(tok.vocab_size).to(torch.float64))
-    uncached = engine(tiny_model(tok.vocab_size), tok, contiguous_decode=False)
-    assert uncached.runner.fused is None and "contiguous_decode" in uncached.runner.fused_off_reason
+    uncached = engine(tiny_model(tok.vocab_size), tok, decode_cache=False)
+    assert isinstance(uncached.runner.decode_backend, ForwardDecode)
+    assert "decode cache" in uncached.runner.decode_backend.reason
 
 
 def test_kernel_build_failures_are_reasons_not_crashes(monkeypatch, tmp_path):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from polyrl.engine.base import SamplingParams
-from polyrl.engine.config import PagedConfig
+from polyrl.engine.config import NativeEngineConfig
 from polyrl.engine.dense import DenseEngine
 from polyrl.engine.paged import PagedEngine
 from polyrl.engine.stats import counter_delta
@@ -26,8 +26,10 @@ def setup(tmp_path_factory):
     return tok, model, prompts
 
 
-def engine(model, tok, **kw) -> PagedEngine:
-    return PagedEngine(copy.deepcopy(model), tok, PagedConfig(**kw))
+def engine(model, tok, decode="auto", decode_cache=True, **kw) -> PagedEngine:
+    """A paged engine on a copy of `model`: kw are NativeEngineConfig fields; decode="forward"
+    and decode_cache=False the variants of the decode path (runner/decode_backend.py)."""
+    return PagedEngine(copy.deepcopy(model), tok, NativeEngineConfig(**kw), decode=decode, decode_cache=decode_cache)
 
 
 def assert_all_free(eng: PagedEngine) -> None:
@@ -46,8 +48,11 @@ CONFIGS = {
                                        enable_prefix_caching=False),
     "one_seat": dict(block_size=8, max_num_seqs=1),
     # The model's own forward for decodes too (the fused pass is the default where it builds).
-    "unfused": dict(block_size=4, fused_decode=False),
-    "unfused_tiny_pool_chunked": dict(block_size=4, num_blocks=16, max_num_batched_tokens=8, fused_decode=False),
+    "unfused": dict(block_size=4, decode="forward"),
+    "unfused_tiny_pool_chunked": dict(block_size=4, num_blocks=16, max_num_batched_tokens=8, decode="forward"),
+    # No decode cache: decodes gather the pool's blocks (on the model's forward).
+    "no_decode_cache_tiny_pool_chunked": dict(block_size=4, num_blocks=16, max_num_batched_tokens=8,
+                                              decode_cache=False),
 }
 
 
@@ -81,11 +86,11 @@ def test_paged_equals_dense_engine(setup):
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("decode", ["auto", "forward"])
 @pytest.mark.parametrize("sampling", [dict(temperature=0.7), dict(temperature=1.3, top_k=5, top_p=0.9)])
-def test_sampled_logprobs_match_trainer_recompute(setup, sampling, fused):
+def test_sampled_logprobs_match_trainer_recompute(setup, sampling, decode):
     tok, model, prompts = setup
-    eng = engine(model, tok, block_size=4, num_blocks=20, fused_decode=fused)  # preemption in the mix too
+    eng = engine(model, tok, block_size=4, num_blocks=20, decode=decode)  # preemption in the mix too
     outs = eng.generate(prompts, 3, SamplingParams(max_tokens=10, seed=1, **sampling))
     for c in outs:
         seq = prompts[c.prompt_index] + c.token_ids
@@ -118,20 +123,22 @@ def run_requests(eng: PagedEngine, requests: list) -> list:
     return [out[i] for i in range(len(requests))]
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_decode_bursts_equal_token_by_token_steps(setup, fused):
+@pytest.mark.parametrize("decode,decode_cache", [("auto", True), ("forward", True), ("forward", False)],
+                         ids=["default", "forward", "forward_no_decode_cache"])
+def test_decode_bursts_equal_token_by_token_steps(setup, decode, decode_cache):
     tok, model, prompts = setup
     requests = [(prompts[0], SamplingParams(temperature=0.9, max_tokens=13), 1),
                 (prompts[1], SamplingParams(temperature=1.2, top_k=7, top_p=0.9, max_tokens=5, logprobs=2), 2),
                 (prompts[2], SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True), 3),
                 (prompts[1], SamplingParams(temperature=0, max_tokens=11, logprobs=1), 4)]
-    first = run_requests(engine(model, tok, decode_burst=1, fused_decode=fused), requests)
+    variant = dict(decode=decode, decode_cache=decode_cache)
+    first = run_requests(engine(model, tok, decode_burst=1, **variant), requests)
     # A stop token and a stop string that the token-by-token run meets mid-way.
     requests.append((prompts[2], replace(requests[2][1], stop_token_ids=(first[2].token_ids[6],)), 3))
     requests.append((prompts[2], replace(requests[2][1], stop=(first[2].text[5:7],)), 3))
     runs = {}
     for burst in (1, 3, 8):
-        eng = engine(model, tok, block_size=4, decode_burst=burst, fused_decode=fused)
+        eng = engine(model, tok, block_size=4, decode_burst=burst, **variant)
         runs[burst] = (run_requests(eng, requests), eng.counters.snapshot())
         assert_all_free(eng)
     (one, c1), (_, c3), (_, c8) = runs[1], runs[3], runs[8]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from polyrl.engine.base import SamplingParams
-from polyrl.engine.config import PagedConfig
+from polyrl.engine.config import NativeEngineConfig
 from polyrl.engine.parallel import DataParallelEngine, PrefixRouter
 from polyrl.engine.paged import PagedEngine
 from tests.helpers import tiny_model, tiny_tokenizer
@@ -20,7 +20,8 @@ def setup(tmp_path_factory):
     tok = tiny_tokenizer(tmp_path_factory.mktemp("tok"))
     model = tiny_model(tok.vocab_size, seed=3)
     prompts = [tok.encode(tok.chat_prompt(p)) for p in PROMPTS]
-    eng = DataParallelEngine(copy.deepcopy(model), tok, PagedConfig(num_blocks=64), workers=2, threads_per_worker=1)
+    eng = DataParallelEngine(copy.deepcopy(model), tok, NativeEngineConfig(num_blocks=64, workers=2),
+                             threads_per_worker=1)
     yield tok, model, prompts, eng
     eng.close()
 

@@ -7,7 +7,7 @@ import pytest
 
 from polyrl.engine.base import SamplingParams
 from polyrl.engine.block_manager import BlockManager
-from polyrl.engine.config import PagedConfig
+from polyrl.engine.config import NativeEngineConfig
 from polyrl.engine.scheduler import Scheduler
 from polyrl.engine.sequence import Sequence
 from polyrl.engine.stats import EngineCounters, counter_delta
@@ -159,9 +159,15 @@ def test_preemption_when_blocks_run_out_then_everyone_finishes():
     assert all(s.finish_reason == "length" and s.num_completion_tokens == 6 for s in seqs)
 
 
-def test_paged_config_errors_name_the_field():
-    with pytest.raises(ValueError, match="engine.native.block_size"):
-        PagedConfig(block_size=0)
-    with pytest.raises(ValueError, match="engine.native.num_blocks"):
-        PagedConfig(num_blocks=-3)
-    assert PagedConfig(kv_cache_mb=1).blocks_for(1024) == 64
+def test_native_engine_config_errors_name_the_field():
+    from polyrl.config import ConfigError, load_config_text
+
+    for field, value in (("block_size", 0), ("num_blocks", -3)):
+        with pytest.raises(ValueError, match=field) as raised:
+            NativeEngineConfig(**{field: value})
+        assert raised.value.errors()[0]["loc"] == (field,)
+        # In a run file the error names the file, the line and engine.native's field.
+        text = f"rl_tasks:\n  - {{domain: math, weight: 1}}\nengine:\n  native:\n    {field}: {value}\n"
+        with pytest.raises(ConfigError, match=rf"run.yaml:5: engine\.native\.{field}: got {value}"):
+            load_config_text(text, source="run.yaml")
+    assert NativeEngineConfig(kv_cache_mb=1).blocks_for(1024) == 64

@@ -1,7 +1,6 @@
 """The update's layout (train/packing.py): shared prefixes once and length-sorted pieces give
 the padded layout's logprobs, loss and gradients, and the update the same new weights."""
 
-import copy
 import random
 from types import SimpleNamespace
 
@@ -12,9 +11,9 @@ from polyrl.agent.engine_model import Segment
 from polyrl.models.config import ModelConfig
 from polyrl.models.transformer import Transformer
 from polyrl.rl.loss import policy_loss
-from polyrl.rollout.groups import Group
+from polyrl.rollout.groups import Group, SingleTurn
 from polyrl.train.batch import build_batch, token_logprobs
-from polyrl.train.loop import update
+from polyrl.train.update import update
 from polyrl.train.packing import piece_logits, plan
 from polyrl.types import Completion, Task
 
@@ -38,7 +37,7 @@ def episode(rng, system, turns):
         seg.token_ids += [rng.randrange(V) for _ in range(generated)] + [rng.randrange(V) for _ in range(result)]
         seg.loss_mask += [1] * generated + [0] * result
         seg.logprobs += [-rng.random() for _ in range(generated)] + [0.0] * result
-    return SimpleNamespace(segments=[seg])
+    return SimpleNamespace(segments=[seg], rows=lambda: [(seg.token_ids, seg.loss_mask, seg.logprobs)])
 
 
 def mixed_batch(seed=0):
@@ -49,17 +48,19 @@ def mixed_batch(seed=0):
     groups, advantages = [], []
     for i, (plen, size) in enumerate([(12, 4), (3, 3), (20, 4), (7, 1)]):
         prompt = [rng.randrange(V) for _ in range(plen)]
-        groups.append(Group(Task(str(i), "math", "p"), prompt, [completion(rng, rng.randint(1, 15)) for _ in range(size)]))
+        groups.append(Group(Task(str(i), "math", "p"),
+                            [SingleTurn(prompt, completion(rng, rng.randint(1, 15))) for _ in range(size)]))
     for i in range(2):
         system = [rng.randrange(V) for _ in range(9)]
         eps = [episode(rng, system, [(rng.randint(1, 6), rng.randint(1, 5)) for _ in range(rng.randint(1, 3))])
                for _ in range(3)]
-        groups.append(Group(Task(f"a{i}", "agent", "p"), [], [completion(rng, 1)] * 3, episodes=eps))
-    groups.append(Group(Task("x", "code", "p"), [1], [completion(rng, 5) for _ in range(2)]))
-    groups[-1].prompt_ids = []  # rows start with different tokens: nothing shared
+        completion(rng, 1)  # the draws the earlier layout made here, so the batch stays the same
+        groups.append(Group(Task(f"a{i}", "agent", "p"), eps))
+    # rows start with different tokens: nothing shared
+    groups.append(Group(Task("x", "code", "p"), [SingleTurn([], completion(rng, 5)) for _ in range(2)]))
     for g in groups:
-        advantages.append([rng.uniform(-1, 1) for _ in g.completions])
-    weights = [[1.0] * len(g.completions) for g in groups]
+        advantages.append([rng.uniform(-1, 1) for _ in g.samples])
+    weights = [[1.0] * len(g.samples) for g in groups]
     weights[0][1] = 0.0  # a masked sample (overlong "mask"): no counted token, left out
     return build_batch(groups, advantages, weights, {"math": 0.0, "agent": 0.02, "code": 0.01})
 
@@ -89,7 +90,7 @@ def test_pieces_are_cut_where_padding_costs_more_than_a_pass(monkeypatch):
     from polyrl.train import packing
 
     rows = [list(range(1, 4)) for _ in range(8)] + [list(range(1, 301)) for _ in range(2)]
-    groups = [Group(Task(str(i), "math", "p"), [], [Completion(0, "", ids, [-1.0] * len(ids), "stop", 0)])
+    groups = [Group(Task(str(i), "math", "p"), [SingleTurn([], Completion(0, "", ids, [-1.0] * len(ids), "stop", 0))])
               for i, ids in enumerate(rows)]
     batch = build_batch(groups, [[1.0]] * len(groups), [[1.0]] * len(groups), {"math": 0.0})
     assert sorted(len(p.rows) for p in plan(batch, 10_000)) == [2, 8]  # 8 x 297 padding saved > one pass
@@ -163,5 +164,5 @@ def test_update_steps_to_the_same_weights_as_the_padded_layout(kl):
         assert torch.allclose(pa, pb, atol=1e-5), (name, (pa - pb).abs().max())
     for d in ("math", "agent", "code"):
         for k in ("kl", "entropy", "clip_frac"):
-            assert sa[d][k] == pytest.approx(sb[d][k], abs=1e-5), (d, k)
-    assert sa["agent"]["kl"] > 0 if kl else sa["agent"]["kl"] == 0
+            assert sa["domains"][d][k] == pytest.approx(sb["domains"][d][k], abs=1e-5), (d, k)
+    assert sa["domains"]["agent"]["kl"] > 0 if kl else sa["domains"]["agent"]["kl"] == 0

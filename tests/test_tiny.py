@@ -6,8 +6,8 @@ import random
 import pytest
 
 from polyrl.domains.math import MathDomain
-from polyrl.models import tiny
-from polyrl.models.tiny import TinyRecipe, ensure_tiny_model, noisy_demonstration, recipe_hash
+from polyrl.builtin import tiny
+from polyrl.builtin.tiny import TinyRecipe, ensure_tiny_model, noisy_demonstration, recipe_hash
 
 MICRO = TinyRecipe(hidden_size=32, num_heads=2, num_kv_heads=1, intermediate_size=64, num_layers=1,
                    steps=3, batch_size=8, warmup=1, vocab_size=300)

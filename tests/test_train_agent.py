@@ -10,7 +10,9 @@ import torch
 from polyrl.cli import main as cli_main
 from polyrl.config import load_config_text
 from polyrl.domains.agent import AgentDomain
-from polyrl.rollout.dispatch import AgentRollout, rollout_groups
+from polyrl.rollout.dispatch import Rollout
+from polyrl.rollout.episodes import Episode
+from polyrl.rollout.spec import AgentSpec, DomainSpec
 from polyrl.train.batch import build_batch
 from polyrl.train.loop import train
 from tests.helpers import random_model_dir
@@ -52,12 +54,14 @@ def test_episode_rows_train_only_generated_tokens(tmp_path) -> None:
     model, _ = load_pretrained(model_dir)
     tok = Tokenizer.from_dir(model_dir)
     tasks = AgentDomain().sample("train", 2, seed=0)
-    agents = AgentRollout({"agent": AgentDomain.toolbox}, {"agent": 2}, context_window=512)
-    groups = rollout_groups(DenseEngine(model, tok), tok, tasks, 2, {"agent": SamplingParams(max_tokens=8, seed=1)},
-                            agents)
-    assert [len(g.episodes) for g in groups] == [2, 2]
+    sampling = SamplingParams(max_tokens=8, seed=1)
+    spec = DomainSpec("agent", AgentDomain(), 1.0, "success_minus_cost", None, sampling, sampling, 0.0, None,
+                      AgentSpec(AgentDomain.toolbox, 2))
+    groups = Rollout(DenseEngine(model, tok), tok, {"agent": spec}, context_window=512).groups(
+        tasks, 2, lambda s: s.sampling)
+    assert [len(g.samples) for g in groups] == [2, 2] and all(isinstance(e, Episode) for g in groups for e in g.samples)
     batch = build_batch(groups, [[1.0, -1.0], [0.5, -0.5]], [[1.0, 1.0], [1.0, 1.0]], {"agent": 0.0})
-    rows = [seg for g in groups for e in g.episodes for seg in e.segments]
+    rows = [seg for g in groups for e in g.samples for seg in e.segments]
     assert len(batch) == len(rows)
     for b, seg in enumerate(rows):
         n = len(seg.token_ids)

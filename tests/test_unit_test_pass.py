@@ -3,15 +3,17 @@ partial credit, task errors, and replay records."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import shutil
 from typing import Iterator
 
 import pytest
 
-from polyrl.rewards.check_plan import judge_module
+from polyrl.rewards import plain_values
+from polyrl.rewards.check_plan import JUDGE_SOURCE, judge_module
 from polyrl.rewards.code_extract import build_program, last_python_block
-from polyrl.rewards.code_harness import parse_literal, to_literal
+from polyrl.rewards.code_harness import HARNESS_SOURCE, PLAIN_VALUES_SOURCE, parse_literal, to_literal
 from polyrl.rewards.registry import get_verifier
 from polyrl.rewards.unit_test_pass import UnitTestPass
 from polyrl.sandbox.replay import replay
@@ -215,6 +217,22 @@ def test_literals_round_trip_and_refuse_code() -> None:
             parse_literal(text)
     with pytest.raises(TypeError):
         to_literal(type("I", (int,), {})(1))
+
+
+def test_both_sandbox_programs_carry_the_one_plain_data_check() -> None:
+    check_source = inspect.getsource(plain_values.check_plain)
+    nested: list = []
+    for _ in range(150):
+        nested = [nested]
+    for program in (HARNESS_SOURCE, JUDGE_SOURCE):
+        assert program.startswith('"""Runs INSIDE') and program.count(PLAIN_VALUES_SOURCE) == 1
+        assert program.count(check_source) == 1 and program.count("def check_plain(") == 1
+        namespace: dict = {"__name__": "not_main"}
+        exec(compile(program, "<program>", "exec"), namespace)  # defines, runs nothing
+        assert namespace["to_literal"]({"a": (1, None)}) == "{'a': (1, None)}"
+        for bad in (type("I", (int,), {})(1), nested):
+            with pytest.raises(TypeError):
+                namespace["to_literal"](bad)
 
 
 # ------------------------------------------------------------------ replay, registry

@@ -14,8 +14,8 @@ A turn that ends the episode carries the answer in tags:
 A turn with neither is taken as the final answer, whole (what an OpenAI-style agent
 does when it replies without calling a tool).
 
-The parser is forgiving where a model's intent is clear and strict where it is not
-(research notes, agent_rl.md section 2): an unclosed final `<tool_call>` is read to the
+The parser is forgiving where a model's intent is clear and strict where it is not:
+an unclosed final `<tool_call>` is read to the
 end of the text; the body is tried as JSON, then as a Python literal (single quotes),
 then from each "{" with a raw JSON decode; "parameters" is accepted for "arguments",
 and arguments given as a JSON string are decoded. Whatever is left unreadable becomes

@@ -3,7 +3,7 @@
 Messages are rendered with the model's chat template (ChatML for the tiny model; the
 tool list is in the system prompt, calls are text, see call_format.py) and sent to the
 Engine as token ids. The backend keeps the episode's tokens the way RL needs them
-(token in, token out; agent_rl.md section 4):
+(token in, token out: what the policy generated is trained on exactly as sampled):
 
 - the policy's generated ids are appended verbatim, never re-tokenised, with their
   logprobs and loss mask 1;
@@ -14,8 +14,8 @@ Engine as token ids. The backend keeps the episode's tokens the way RL needs the
 So as long as each prompt extends the previous one, an episode is one token sequence
 the trainer can score in a single forward pass. When the loop rewrites the history
 (compression, truncation) the new prompt no longer extends it, and a new `Segment`
-starts; each segment is then a sample of its own (agent_rl.md: broadcast the
-episode's advantage to every segment).
+starts; each segment is then a training row of its own, and the episode's advantage
+is broadcast to every segment.
 
 One EngineChatModel serves one episode (it holds that episode's tokens). For many
 episodes at once, `polyrl.rollout.episodes` calls `prepare` and `finish` around one

@@ -35,6 +35,7 @@ from polyrl.agent.budget import Reservation, TokenBudget
 from polyrl.agent.call_format import parse_answer, system_prompt
 from polyrl.agent.context import FitEvent, ToolResult, Transcript, Turn, clip
 from polyrl.agent.model import ChatModel, Message, ModelReply, ModelRequest
+from polyrl.agent.outcome import EpisodeOutcome
 from polyrl.agent.tools import ToolBox, ToolCall, ToolOutcome
 from polyrl.obs import records
 from polyrl.obs.records import Recorder
@@ -139,23 +140,22 @@ class AgentResult:
     def tool_results(self) -> list[ToolResult]:
         return [r for s in self.steps for r in s.results]
 
-    def reward_input(self) -> dict[str, Any]:
-        """What success_minus_cost reads: the answer and the episode's costs."""
-        return {"answer": self.answer, "steps": len(self.steps), "tokens": self.tokens,
-                "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
-                "tool_calls": len(self.tool_results),
-                "tool_errors": sum(not r.outcome.ok for r in self.tool_results),
-                "stop_reason": self.stop_reason}
+    @property
+    def outcome(self) -> EpisodeOutcome:
+        """What a verifier grades: the answer and the episode's costs."""
+        return EpisodeOutcome(self.answer, len(self.steps), self.tokens, self.input_tokens, self.output_tokens,
+                              len(self.tool_results), sum(not r.outcome.ok for r in self.tool_results),
+                              self.stop_reason)
 
     def to_completion(self) -> str:
-        """reward_input() as the completion string a Verifier's score() takes."""
-        return json.dumps(self.reward_input())
+        """The outcome as a JSON episode record, for files (`polyrl score` reads it back)."""
+        return json.dumps(self.outcome.to_json())
 
     def to_json(self) -> dict[str, Any]:
         """The trajectory log entry: every call, every full tool result, every event."""
         return {
             "trace_id": self.trace_id, "task_id": self.task_id, "answer": self.answer,
-            "stop_reason": self.stop_reason, "conclusion": self.conclusion, **self.reward_input(),
+            "stop_reason": self.stop_reason, "conclusion": self.conclusion, **self.outcome.to_json(),
             "steps": [{
                 "index": s.index, "purpose": s.purpose, "model": s.model, "text": s.reply.text,
                 "finish_reason": s.reply.finish_reason, "error": s.reply.error, "charged": s.charged,

@@ -32,6 +32,7 @@ Out of scope: tasks that change the world, multi-agent or user-simulator tasks
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import random
 from typing import Any, Callable
@@ -40,11 +41,14 @@ from polyrl.agent.call_format import format_answer, format_call, system_prompt
 from polyrl.agent.model import Message
 from polyrl.agent.tools import ToolBox, ToolCall
 from polyrl.domains.agent_world import ITEMS, TOPICS, World, random_world
-from polyrl.domains.pack import SPLITS, hash_split
+from polyrl.domains.generated import check_levels, draw_distinct
+from polyrl.domains.pack import check_split, hash_split
 from polyrl.types import Task
 
 LEVELS = (1, 2, 3, 4)
 _MAX_DRAWS = 100_000
+"""Generator calls one sample may make before it gives up (a question recurs only with
+another world, so repeats are never kept and the draws are bounded instead)."""
 
 Problem = tuple[str, World, list[tuple[str, dict[str, Any]]], str, str]
 """(prompt, world, gold calls as (tool, arguments), answer, kind)."""
@@ -135,42 +139,30 @@ class AgentDomain:
 
     def __init__(self, levels: tuple[int, ...] = LEVELS, weights: tuple[float, ...] | None = None) -> None:
         """`levels` to draw from and, optionally, their relative `weights` (default equal)."""
-        if not levels or any(level not in LEVELS for level in levels):
-            raise ValueError(f"agent levels must be a non-empty subset of {LEVELS}, got {levels!r}")
-        if weights is not None and (len(weights) != len(levels) or any(w < 0 for w in weights) or not sum(weights)):
-            raise ValueError(
-                f"agent weights must be one non-negative number per level {levels!r}, not all zero; got {weights!r}")
-        self.levels = tuple(levels)
-        self.weights = tuple(weights) if weights is not None else (1.0,) * len(levels)
+        self.levels, self.weights = check_levels("agent", levels, LEVELS, weights)
 
     def sample(self, split: str, n: int, seed: int) -> list[Task]:
         """n distinct tasks of `split` (a question may recur with another world)."""
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        rng = random.Random(f"agent|{split}|{seed}")
-        tasks: list[Task] = []
-        seen: set[str] = set()
-        draws = 0
-        while len(tasks) < n:
+        check_split(split)
+        draws = itertools.count(1)
+
+        def draw_one(rng: random.Random) -> tuple[str, Task]:
             level = rng.choices(self.levels, self.weights)[0]
             while True:  # draw within the level, so both splits follow the level weights
-                draws += 1
-                if draws > _MAX_DRAWS:
+                if next(draws) > _MAX_DRAWS:
                     raise RuntimeError(f"agent domain: could not draw {n} distinct {split!r} tasks "
                                        f"of levels {self.levels}")
                 prompt, world, gold, answer, kind = generate(rng, level)
                 if hash_split(prompt) == split:
                     break
             digest = hashlib.sha256((prompt + json.dumps(world.to_json(), sort_keys=True)).encode()).hexdigest()
-            if digest in seen:
-                continue
-            seen.add(digest)
-            tasks.append(Task(
+            return digest, Task(
                 id=f"agent-{split}-{level}-{digest[:10]}", domain=self.name, prompt=prompt, answer=answer,
                 split=split, difficulty=level,
                 data={"world": world.to_json(), "kind": kind, "optimal_steps": len(gold) + 1,
-                      "gold_calls": [{"name": name, "arguments": args} for name, args in gold]}))
-        return tasks
+                      "gold_calls": [{"name": name, "arguments": args} for name, args in gold]})
+
+        return draw_distinct(random.Random(f"agent|{split}|{seed}"), n, draw_one, max_duplicates_in_a_row=None)
 
     @staticmethod
     def toolbox(task: Task) -> ToolBox:

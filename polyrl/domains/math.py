@@ -24,15 +24,13 @@ import hashlib
 import random
 from typing import Callable
 
-from polyrl.domains.pack import SPLITS, hash_split
+from polyrl.domains.generated import check_levels, draw_distinct
+from polyrl.domains.pack import check_split, hash_split
 from polyrl.types import Task
 
 LEVELS = (1, 2, 3, 4)
 _NAMES = ("Ann", "Ben", "Sam", "Mia", "Tom", "Eva", "Max", "Zoe")
 _ITEMS = ("apples", "pens", "cups", "eggs", "cards", "books", "coins", "shells")
-# Consecutive duplicate draws tolerated before a sample may repeat a prompt (a level's
-# problem space can be smaller than n: level 1 has a few hundred prompts).
-_MAX_DUPLICATE_DRAWS = 200
 
 Problem = tuple[str, int, str, str]
 """(prompt, answer, worked solution without the box, kind)."""
@@ -176,46 +174,29 @@ class MathDomain:
 
     def __init__(self, levels: tuple[int, ...] = LEVELS, weights: tuple[float, ...] | None = None) -> None:
         """`levels` to draw from and, optionally, their relative `weights` (default equal)."""
-        if not levels or any(level not in LEVELS for level in levels):
-            raise ValueError(f"math levels must be a non-empty subset of {LEVELS}, got {levels!r}")
-        if weights is not None and (len(weights) != len(levels) or any(w < 0 for w in weights) or not sum(weights)):
-            raise ValueError(
-                f"math weights must be one non-negative number per level {levels!r}, not all zero; got {weights!r}"
-            )
-        self.levels = tuple(levels)
-        self.weights = tuple(weights) if weights is not None else (1.0,) * len(levels)
+        self.levels, self.weights = check_levels("math", levels, LEVELS, weights)
 
     def sample(self, split: str, n: int, seed: int) -> list[Task]:
         """n tasks of `split`; distinct prompts unless the levels' problem space runs out."""
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        rng = random.Random(f"math|{split}|{seed}")
-        tasks: list[Task] = []
-        seen: set[str] = set()
-        duplicates_in_a_row = 0
-        while len(tasks) < n:
-            level = rng.choices(self.levels, self.weights)[0]
-            prompt, answer, solution, kind = generate(rng, level)
-            if hash_split(prompt) != split:
-                continue
-            if prompt in seen and duplicates_in_a_row < _MAX_DUPLICATE_DRAWS:
-                duplicates_in_a_row += 1
-                continue
-            duplicates_in_a_row = 0
-            seen.add(prompt)
-            sha = hashlib.sha256(prompt.encode()).hexdigest()
-            tasks.append(
-                Task(
-                    id=f"math-{split}-{level}-{sha[:10]}",
-                    domain=self.name,
-                    prompt=prompt,
-                    answer=str(answer),
-                    split=split,
-                    difficulty=level,
-                    data={"kind": kind, "solution": solution},
-                )
-            )
-        return tasks
+        check_split(split)
+        return draw_distinct(random.Random(f"math|{split}|{seed}"), n, lambda rng: self._draw(rng, split))
+
+    def _draw(self, rng: random.Random, split: str) -> tuple[str, Task] | None:
+        """(prompt, task) of one draw, or None when the prompt belongs to the other split."""
+        level = rng.choices(self.levels, self.weights)[0]
+        prompt, answer, solution, kind = generate(rng, level)
+        if hash_split(prompt) != split:
+            return None
+        sha = hashlib.sha256(prompt.encode()).hexdigest()
+        return prompt, Task(
+            id=f"math-{split}-{level}-{sha[:10]}",
+            domain=self.name,
+            prompt=prompt,
+            answer=str(answer),
+            split=split,
+            difficulty=level,
+            data={"kind": kind, "solution": solution},
+        )
 
     @staticmethod
     def demonstration(task: Task) -> str:

@@ -38,6 +38,12 @@ DEFAULT_VERIFIERS = {"math": "answer_verify", "code": "unit_test_pass"}
 _COMMON_FIELDS = {"id", "domain", "prompt", "answer", "verifier", "metadata", "split", "difficulty"}
 
 
+def check_split(split: str) -> None:
+    """A ValueError unless `split` is one of SPLITS (what every domain's `sample` takes)."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+
+
 def hash_split(text: str) -> str:
     """"heldout" for 1 in HELDOUT_ONE_IN texts, "train" otherwise, by sha256: stable
     across runs, machines and Python versions, so a prompt never changes sides."""
@@ -183,8 +189,7 @@ class PackDomain:
         self._by_split = {split: [t for t in tasks if t.split == split] for split in SPLITS}
 
     def sample(self, split: str, n: int, seed: int) -> list[Task]:
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        check_split(split)
         pool = self._by_split[split]
         if n > 0 and not pool:
             hint = (' (held-out evaluation needs them: give some lines "split": "heldout", '
@@ -195,3 +200,15 @@ class PackDomain:
         while len(out) < n:
             out.extend(rng.sample(pool, min(len(pool), n - len(out))))
         return out
+
+
+def task_line(task: Task) -> dict[str, Any]:
+    """A Task as a pack line: the common fields, then its domain fields (entry_point, tests, ...)."""
+    line: dict[str, Any] = {"id": task.id, "domain": task.domain, "prompt": task.prompt}
+    if task.answer is not None:
+        line["answer"] = task.answer
+    line.update({k: v for k, v in task.data.items() if k not in ("solution", "kind", "family")})
+    line.update(split=task.split, difficulty=task.difficulty)
+    if task.metadata or "family" in task.data:
+        line["metadata"] = {**task.metadata, **({"family": task.data["family"]} if "family" in task.data else {})}
+    return line

@@ -62,6 +62,20 @@ class Engine(Protocol):
         """
         ...
 
+    def close(self) -> None:
+        """Release worker processes and the KV cache; generating after close is an error.
+        Closing twice is harmless."""
+        ...
+
+
+def check_prompts(prompts: Sequence[Sequence[int]], n: int = 1) -> None:
+    """What every engine refuses before generating: no prompts or n < 1 (a caller's bug,
+    asserted) and an empty prompt (a user's mistake, a ValueError). Engines add their own
+    limits on top (the paged engine: a prompt past its KV pool)."""
+    assert n >= 1 and len(prompts) > 0
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("empty prompt: every prompt needs at least one token")
+
 
 @torch.no_grad()
 def copy_weights_(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> None:

@@ -17,7 +17,7 @@ from typing import Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-from polyrl.engine.base import SamplingParams, copy_weights_
+from polyrl.engine.base import SamplingParams, check_prompts, copy_weights_
 from polyrl.engine.sampler import sample_next
 from polyrl.engine.text import hits_stop_string, visible_text
 from polyrl.models.tokenizer import Tokenizer
@@ -75,11 +75,12 @@ class DenseEngine:
         copy_weights_(self.model, weights)
         self.weight_version = version
 
+    def close(self) -> None:
+        """Nothing to stop: the engine holds no processes, and no cache between calls."""
+
     @torch.inference_mode()
     def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingParams) -> list[Completion]:
-        assert n >= 1 and len(prompts) > 0
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("empty prompt: every prompt needs at least one token")
+        check_prompts(prompts, n)
         generator = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
         eos = set() if sampling.ignore_eos else set(self.tokenizer.stop_token_ids())
         stop_ids = torch.tensor(sorted(eos | set(sampling.stop_token_ids)), dtype=torch.long)

@@ -2,12 +2,13 @@
 
 An engine step is four calls: schedule (scheduler.py: who runs, how many tokens) ->
 run (runner/: one forward pass over the packed tokens, attention over block tables,
-per-row sampling) -> postprocess (append tokens, finish sequences, free blocks) ->
-collect the finished. `generate` adds a batch of requests and steps until they are
+per-row sampling; decode-only steps on the decode backend chosen when the engine is
+built) -> postprocess (append tokens, finish sequences, free blocks) -> collect the
+finished. `generate` adds a batch of requests and steps until they are
 done; `add_request` / `step` serve callers that want requests to join and leave
 between steps (an asynchronous rollout pipeline, a server). While every running
 sequence decodes and none waits, one step is a decode burst of up to
-`PagedConfig.decode_burst` forward passes (scheduler.py), so a step may add several
+`NativeEngineConfig.decode_burst` forward passes (scheduler.py), so a step may add several
 tokens to each sequence.
 
 Weight updates (`update_weights`) copy new tensors into the model in place and set
@@ -40,9 +41,9 @@ from typing import Literal, Mapping, Sequence as Seq
 
 import torch
 
-from polyrl.engine.base import SamplingParams, copy_weights_
+from polyrl.engine.base import SamplingParams, check_prompts, copy_weights_
 from polyrl.engine.block_manager import BlockManager
-from polyrl.engine.config import PagedConfig
+from polyrl.engine.config import NativeEngineConfig
 from polyrl.engine.runner.model_runner import ModelRunner
 from polyrl.engine.runner.packed_linear import pack_linears
 from polyrl.engine.sampler import request_seed
@@ -58,11 +59,16 @@ from polyrl.types import Completion
 class PagedEngine:
     """Engine over an in-process Transformer it owns (new weights come through update_weights)."""
 
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, config: PagedConfig | None = None,
-                 weight_version: int = 0) -> None:
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, config: NativeEngineConfig | None = None,
+                 weight_version: int = 0, *, decode: Literal["auto", "forward"] = "auto", decode_cache: bool = True,
+                 packed_linear: bool = True) -> None:
+        """config: the run file's engine.native (its `paged` and `workers` are the factory's).
+        decode, decode_cache (runner/model_runner.py) and packed_linear=False (the model's
+        nn.Linear layers as they are) are the variants that equivalence tests and benchmarks
+        compare with the default, which takes the fastest path that runs here."""
         self.model = model.eval()
         self.tokenizer = tokenizer
-        self.config = config or PagedConfig()
+        self.config = config or NativeEngineConfig()
         self.weight_version = weight_version
         cfg = model.cfg
         dtype_bytes = next(model.parameters()).element_size()
@@ -73,9 +79,8 @@ class PagedEngine:
         self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs, self.config.max_num_batched_tokens,
                                    self.counters, stop_text=self._hits_stop_string,
                                    decode_burst=self.config.decode_burst)
-        self.packed = pack_linears(self.model) if self.config.packed_linear else []
-        self.runner = ModelRunner(model, self.num_blocks, self.config.block_size, self.config.contiguous_decode,
-                                  self.config.fused_decode)
+        self.packed = pack_linears(self.model) if packed_linear else []
+        self.runner = ModelRunner(model, self.num_blocks, self.config.block_size, decode, decode_cache)
         self._eos = frozenset(tokenizer.stop_token_ids())
         self._ids = itertools.count()
 
@@ -95,8 +100,7 @@ class PagedEngine:
 
     def check_prompt(self, prompt_ids: Seq[int]) -> None:
         """Raise ValueError for a prompt this engine can never serve (empty, or past the KV pool)."""
-        if len(prompt_ids) == 0:
-            raise ValueError("empty prompt: every prompt needs at least one token")
+        check_prompts([prompt_ids])
         capacity = self.num_blocks * self.config.block_size
         if len(prompt_ids) + 1 > capacity:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit the KV pool of {capacity} tokens; "
@@ -118,7 +122,7 @@ class PagedEngine:
 
     def generate(self, prompts: Seq[Seq[int]], n: int, sampling: SamplingParams) -> list[Completion]:
         """n completions per prompt, grouped: result[i*n + j] is sample j of prompt i."""
-        assert n >= 1 and len(prompts) > 0
+        check_prompts(prompts, n)
         base = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,)))
         return self.run_requests([(prompt, request_seed(base, i * n + j), i)
                                   for i, prompt in enumerate(prompts) for j in range(n)], sampling)
@@ -151,6 +155,9 @@ class PagedEngine:
         self.refresh_weights(version)
         if in_flight == "recompute":
             self.scheduler.preempt_all()
+
+    def close(self) -> None:
+        """Nothing to stop in process; the pool's memory goes with the engine."""
 
     def refresh_weights(self, version: int) -> None:
         """The model's tensors changed in place (update_weights, or a parent process writing

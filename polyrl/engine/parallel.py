@@ -1,12 +1,12 @@
 """Data-parallel engine: paged engines in worker processes over one shared copy of the weights.
 
 On a CPU, a small model's decode pass is a few dozen small products; splitting each
-one across cores costs a thread wake-up per operator, so two threads give far less than
-twice one (bench/engine.py). This engine splits the requests instead: each worker
+one across cores costs a thread wake-up per operator, so adding threads adds little
+(bench/engine.py compares the two). This engine splits the requests instead: each worker
 process runs its own PagedEngine (KV pool, scheduler, prefix cache) on its share of the
 cores, and all of them read the model's weights from shared memory, never copied.
 
-    engine = DataParallelEngine(model, tokenizer, PagedConfig(), workers=2)
+    engine = DataParallelEngine(model, tokenizer, NativeEngineConfig(workers=2))
     outs = engine.generate(prompts, n=8, sampling=SamplingParams(seed=0))  # as PagedEngine
     engine.update_weights(policy.state_dict(), version=1)
     engine.close()
@@ -42,8 +42,8 @@ from typing import Any, Mapping, Sequence
 import torch
 import torch.multiprocessing as mp
 
-from polyrl.engine.base import SamplingParams, copy_weights_
-from polyrl.engine.config import PagedConfig
+from polyrl.engine.base import SamplingParams, check_prompts, copy_weights_
+from polyrl.engine.config import NativeEngineConfig
 from polyrl.engine.sampler import request_seed
 from polyrl.models.tokenizer import Tokenizer
 from polyrl.models.transformer import Transformer
@@ -122,13 +122,13 @@ class SummedCounters:
 class DataParallelEngine:
     """Engine over `workers` PagedEngine processes sharing `model`'s weights (see the module docstring)."""
 
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, config: PagedConfig | None = None,
-                 workers: int = 2, weight_version: int = 0, threads_per_worker: int | None = None) -> None:
-        """`model` is owned by the engine from here on: its tensors move to shared memory.
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, config: NativeEngineConfig,
+                 weight_version: int = 0, threads_per_worker: int | None = None) -> None:
+        """config.workers worker processes (config.paged is not read: each is a PagedEngine).
+        `model` is owned by the engine from here on: its tensors move to shared memory.
         threads_per_worker: torch threads of each worker; None = this process's threads / workers."""
-        if workers < 1:
-            raise ValueError(f"engine.native.workers: got {workers}; must be >= 1")
-        self.config = config or PagedConfig()
+        self.config = config
+        workers = config.workers
         self.model = model.eval()
         self.model.share_memory()
         self.weight_version = weight_version
@@ -154,9 +154,7 @@ class DataParallelEngine:
 
     def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingParams) -> list[Completion]:
         """n completions per prompt, grouped: result[i*n + j] is sample j of prompt i."""
-        assert n >= 1 and len(prompts) > 0
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("empty prompt: every prompt needs at least one token")
+        check_prompts(prompts, n)
         base = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,)))
         owner = self.router.assign(prompts, n, sampling.max_tokens)
         busy = sorted(set(owner))
@@ -219,7 +217,7 @@ def _shutdown(conns: list, procs: list) -> None:
         conn.close()
 
 
-def _worker_main(conn, model: Transformer, tokenizer: Tokenizer, config: PagedConfig, threads: int,
+def _worker_main(conn, model: Transformer, tokenizer: Tokenizer, config: NativeEngineConfig, threads: int,
                  version: int) -> None:
     """One worker: a PagedEngine over the shared model, serving the parent's messages."""
     from polyrl.engine.paged import PagedEngine

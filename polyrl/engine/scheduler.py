@@ -56,6 +56,11 @@ class ScheduledBatch:
     def num_tokens(self) -> int:
         return sum(self.num_new_tokens)
 
+    @property
+    def decode_only(self) -> bool:
+        """Every sequence runs one token and samples after it (a burst always does)."""
+        return all(n == 1 for n in self.num_new_tokens) and all(self.sampling)
+
     def samples(self, i: int) -> bool:
         return self.sampling[i]
 

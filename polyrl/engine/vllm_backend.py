@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from polyrl.engine.base import SamplingParams
+from polyrl.engine.base import SamplingParams, check_prompts
 from polyrl.engine.text import visible_text
 from polyrl.models.tokenizer import Tokenizer
 from polyrl.types import Completion
@@ -79,9 +79,7 @@ class VLLMEngine:
 
     def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingParams) -> list[Completion]:
         """n completions per prompt, grouped: result[i*n + j] is sample j of prompt i."""
-        assert n >= 1 and len(prompts) > 0
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("empty prompt: every prompt needs at least one token")
+        check_prompts(prompts, n)
         params = self.sampling_params(n, sampling)
         outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
         stop_ids = set(params.stop_token_ids or ())
@@ -107,3 +105,7 @@ class VLLMEngine:
         self.llm.collective_rpc(_load_weights, args=(named,))
         self.llm.reset_prefix_cache()
         self.weight_version = version
+
+    def close(self) -> None:
+        """Drop vLLM's engine (its worker processes and KV cache go with it)."""
+        self.llm = None

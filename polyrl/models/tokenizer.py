@@ -114,7 +114,7 @@ def train_tiny_tokenizer(corpus: Iterable[str], vocab_size: int) -> HFTokenizer:
 
     Single-digit tokens keep arithmetic learnable for a tiny model (a BPE that merges
     "47" into one token hides the digits from it); merges elsewhere shorten sequences
-    about 2x versus bytes, which is most of the tiny model's speed.
+    against bytes, and sequence length is what the tiny model's speed depends on most.
     """
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([

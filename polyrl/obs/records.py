@@ -4,7 +4,7 @@ One record per model call ("chat {model}"), per tool call ("execute_tool {tool}"
 per budget or context event, and per scored episode. A record is span-shaped: an
 episode is a trace (`trace_id`, also gen_ai.conversation.id), a record has a start
 time, a duration and attributes. Attribute keys are the OTel GenAI names where one
-exists, `x.*` extensions otherwise (agent_eval_anchors.md, section 5):
+exists, `x.*` extensions otherwise:
 
     gen_ai.operation.name                  "chat" | "execute_tool"
     gen_ai.provider.name                   "polyrl" | "openai"

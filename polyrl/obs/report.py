@@ -1,4 +1,4 @@
-"""`polyrl obs RUN_DIR`: the figures of a run's observability records.
+"""The figures of a run's observability records (`polyrl obs RUN_DIR` prints them).
 
     tokens per step            mean prompt + completion tokens of a model call, and by step index
     prefix-cache hit rate      sum(cache-read tokens) / sum(input tokens)
@@ -13,16 +13,13 @@
 Input tokens include cached tokens (OTel GenAI), so uncached input = input - cached;
 cost = uncached * price_input + cached * price_cached + output * price_output.
 
-Out of scope: dashboards and time series (metrics.jsonl has those), per-tier routing.
+Out of scope: the command line (polyrl/commands/obs.py), dashboards and time series (metrics.jsonl has those), per-tier routing.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -188,25 +185,3 @@ def format_report(rep: ObsReport) -> str:
         lines.append(f"budget alerts      {', '.join(f'{k} {v}' for k, v in rep.budget_alerts.items())}")
     lines.append(f"degradation        {', '.join(f'{k} {v}' for k, v in sorted(rep.actions.items())) or 'none'}")
     return "\n".join(lines)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", help="run directory holding obs.sqlite (or the .sqlite file itself)")
-    parser.add_argument("--json", action="store_true", help="print the figures as one JSON document")
-    parser.add_argument("--price-input", type=float, help="price per million input tokens (uncached)")
-    parser.add_argument("--price-cached", type=float, help="price per million cache-read input tokens "
-                                                           "(default: the input price)")
-    parser.add_argument("--price-output", type=float, help="price per million output tokens")
-
-
-def main(args: argparse.Namespace) -> int:
-    given = (args.price_input, args.price_cached, args.price_output)
-    prices = None if all(p is None for p in given) else Prices(args.price_input or 0.0, args.price_output or 0.0,
-                                                                args.price_cached)
-    try:
-        rep = build_report(args.run_dir, prices)
-    except FileNotFoundError as exc:
-        print(f"polyrl obs: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(asdict(rep)) if args.json else format_report(rep))
-    return 0

@@ -1,4 +1,4 @@
-"""`audit_tasks`: every check of issue 7 over a task set, in stages, each one batch per verifier.
+"""`audit_tasks`: every environment-quality check over a task set, in stages, each one batch per verifier.
 
 1. hygiene (hygiene.py; math golds through math-verify, math_probes.gold_problems);
 2. solvability: the reference (code) or the boxed gold (math) must score full reward;
@@ -15,7 +15,7 @@ its gold does not parse) gets no probes: each would only restate that. Tasks gra
 verifier with no probes (rule_check, preference_model, ...) get hygiene only, and a
 warning saying so.
 
-Out of scope: printing (report.py), command-line parsing (audit_cli.py), agent episodes.
+Out of scope: printing (report.py), command-line parsing (polyrl/commands/audit.py), agent episodes.
 """
 
 from __future__ import annotations

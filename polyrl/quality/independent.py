@@ -1,10 +1,10 @@
 """An independent check of a rewarded completion: does it look like an exploit?
 
 The verifier decides the reward; this looks at the completion's text by other means
-(`ast` for code, the boxed answers for math) for the shapes of known reward hacks
-(../shared/research/sandbox_verify.md §3). A completion that scored full reward and trips
-it is suspicious: the hardened verifier should have given it 0, so either the verifier
-has a hole or the pattern is innocent; either way a person should look.
+(`ast` for code, the boxed answers for math) for the shapes of known reward hacks. A
+completion that scored full reward and trips it is suspicious: the hardened verifier
+should have given it 0, so either the verifier has a hole or the pattern is innocent;
+either way a person should look.
 
 Code patterns: exiting early (sys.exit, exit, quit, os._exit, raise SystemExit), an
 `__eq__` that returns True outright, patching builtins or test frameworks, walking the

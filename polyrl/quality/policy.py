@@ -36,19 +36,19 @@ class EnginePolicy:
     def __init__(self, path: str, max_tokens: int = 512, temperature: float = 1.0, seed: int = 0) -> None:
         import copy
 
-        from polyrl.config import EngineConfig
         from polyrl.engine.base import SamplingParams
-        from polyrl.engine.factory import build_engine
-        from polyrl.train.setup import load_policy, resolve_model_dir
+        from polyrl.engine.paged import PagedEngine
+        from polyrl.models.loading import load_policy, resolve_model_dir
 
         self.name = path
         model_dir = resolve_model_dir(path)
         model, self.tokenizer = load_policy(model_dir, "float32")
-        self.engine = build_engine(EngineConfig(), copy.deepcopy(model), self.tokenizer, model_dir)
+        self.engine = PagedEngine(copy.deepcopy(model), self.tokenizer)
         self.params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
 
     def sample(self, tasks: Sequence[Task], k: int) -> list[list[str]]:
-        from polyrl.rollout.groups import sample_groups
-
-        groups = sample_groups(self.engine, self.tokenizer, list(tasks), k, {t.domain: self.params for t in tasks})
-        return [[c.text for c in g.completions] for g in groups]
+        if not tasks:
+            return []
+        prompts = [self.tokenizer.encode(self.tokenizer.chat_prompt(t.prompt)) for t in tasks]
+        texts = [c.text for c in self.engine.generate(prompts, k, self.params)]  # grouped: k per prompt
+        return [texts[i * k:(i + 1) * k] for i in range(len(tasks))]

@@ -8,7 +8,7 @@ A malformed line is a task entry with "id": null. The text form gives counts per
 how many probes of each kind held (for mutants: how many the tests killed), and the
 worst tasks (most failed findings first) with their first findings.
 
-Out of scope: running the audit (audit.py) and choosing the exit code (audit_cli.py).
+Out of scope: running the audit (audit.py) and choosing the exit code (polyrl/commands/audit.py).
 """
 
 from __future__ import annotations

@@ -108,7 +108,7 @@ _GOLD_CACHE_SIZE = 4096
 
 
 def _init_worker() -> None:
-    import math_verify  # noqa: F401 -- the import takes about a second; do it before the clock runs
+    import math_verify  # noqa: F401 -- a slow import: do it before the clock runs
 
     # We disable math-verify's own signal timeouts (the parent owns the deadline); it
     # warns about that once per process.

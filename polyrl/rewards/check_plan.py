@@ -40,14 +40,13 @@ import ast
 import json
 import secrets
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from polyrl.rewards.code_harness import CallOutcome, parse_literal, to_literal
+from polyrl.rewards.code_harness import CallOutcome, parse_literal, sandbox_program
+from polyrl.rewards.plain_values import to_literal
 from polyrl.sandbox.types import Limits, RunRequest, RunResult
-from polyrl.sandbox.zygote import public_program
 
-JUDGE_SOURCE = public_program(Path(__file__).with_name("judge_main.py").read_text())
+JUDGE_SOURCE = sandbox_program("judge_main.py")
 _HOOK, _VALUES = "__polyrl_assert__", "__polyrl_values__"
 
 

@@ -6,7 +6,8 @@ prints one nonce-tagged line per call. Only arguments go in; expected values sta
 
 Values travel as Python literal text, not JSON: JSON cannot tell a tuple from a list, a
 set from a list, or carry NaN and complex numbers, and `assert candidate(x) == (1, 2)`
-must see the difference. The sandbox side writes `repr` of exact builtin types; this side
+must see the difference. The sandbox side writes `repr` of plain data (exact builtin
+types, checked by plain_values.check_plain, the one function both sides run); this side
 parses with `parse_literal`, an `ast` walk that accepts only literal nodes (plus `inf`,
 `nan`, `set()` and `frozenset(...)`), so whatever comes back is plain data and no object
 of the candidate's making (an always-equal `__eq__`, an int subclass) ever reaches a
@@ -25,12 +26,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from polyrl.rewards.harness_main import check_plain
+from polyrl.rewards.plain_values import SCALARS, to_literal
 from polyrl.sandbox.types import Limits, RunRequest, RunResult
 from polyrl.sandbox.zygote import public_program
 
-HARNESS_SOURCE = public_program(Path(__file__).with_name("harness_main.py").read_text())
-_SCALARS = (int, float, complex, bool, str, bytes, type(None))
+_HERE = Path(__file__).parent
+PLAIN_VALUES_SOURCE = (_HERE / "plain_values.py").read_text()
+
+
+def sandbox_program(filename: str) -> str:
+    """The sandbox program of `filename` (a file beside this one): its docstring, then
+    plain_values.py's text, then the rest of the file, so that both sides check plain data
+    with the same code. Registered as a public program (the zygote keeps it compiled)."""
+    text = (_HERE / filename).read_text()
+    docstring = ast.parse(text).body[0]
+    assert isinstance(docstring, ast.Expr) and isinstance(docstring.value, ast.Constant), filename
+    lines = text.splitlines(keepends=True)
+    head, rest = "".join(lines[:docstring.end_lineno]), "".join(lines[docstring.end_lineno:])
+    return public_program(head + "\n" + PLAIN_VALUES_SOURCE + rest)
+
+
+HARNESS_SOURCE = sandbox_program("harness_main.py")
 _ESCAPED = re.compile(r"\\(.)")
 _UNESCAPE = {"n": "\n", "r": "\r", "\\": "\\"}
 
@@ -50,12 +66,6 @@ class CallOutcome:
     detail: str = ""
 
 
-def to_literal(value: Any) -> str:
-    """Literal text of plain data; TypeError for anything else (subclasses included)."""
-    check_plain(value)
-    return repr(value)
-
-
 def call_literal(args: Sequence[Any], kwargs: Mapping[str, Any] | None = None) -> str:
     return to_literal((tuple(args), dict(kwargs or {})))
 
@@ -69,7 +79,7 @@ def parse_literal(text: str) -> Any:
 
 
 def _convert(node: ast.expr) -> Any:
-    if isinstance(node, ast.Constant) and type(node.value) in _SCALARS:
+    if isinstance(node, ast.Constant) and type(node.value) in SCALARS:
         return node.value
     if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
         items = [_convert(item) for item in node.elts]

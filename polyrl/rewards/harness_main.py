@@ -1,8 +1,10 @@
 """Runs INSIDE the sandbox: call a candidate function on given arguments, report values.
 
-Standard library only, no site-packages, Python 3.9+: this file's text is the
-sandbox program (code_harness.py builds the request). It never judges: it sends back
-return values, and the host compares them with expected values it never sent in.
+Standard library only, no site-packages, Python 3.9+: the sandbox program is this
+file with plain_values.py's text after this docstring (code_harness.sandbox_program), so
+`check_plain` and `LITERAL_NAMES` below come from there, the same code the host runs.
+code_harness.py builds the request. This program never judges: it sends back return
+values, and the host compares them with expected values it never sent in.
 
 stdin: a 16-byte header "%015d\\n" giving the job's length in bytes, the job (a Python
 literal dict: code, entry, calls, call_timeout, load_timeout, max_reply; each call is the
@@ -36,36 +38,12 @@ isolation, /proc/1/fd/1 is a way to stdout. Threads a candidate leaves running k
 running between calls of the same worker.
 """
 
-import posix as os  # the C module under os: importing os itself costs ~1.5 ms a run
+import posix as os  # the C module under os: importing os itself is paid on every run
 import select
 import sys
 import time
 
-_SIGKILL = 9  # importing signal (and with it enum) would cost ~6 ms a run
-
-_SCALARS = (int, float, complex, bool, str, bytes, type(None))
-_ARG_NAMES = {"__builtins__": {}, "inf": float("inf"), "nan": float("nan"), "set": set, "frozenset": frozenset}
-
-
-def check_plain(value, depth=0):
-    """TypeError unless value is plain data (builtin scalars and containers, no subclasses).
-
-    The host (code_harness.to_literal) imports this same function, so both sides agree.
-    """
-    kind = type(value)
-    if kind in _SCALARS:
-        return
-    if depth > 100:
-        raise TypeError("nested more than 100 deep")
-    if kind is list or kind is tuple or kind is set or kind is frozenset:
-        for item in value:
-            check_plain(item, depth + 1)
-    elif kind is dict:
-        for key, item in value.items():
-            check_plain(key, depth + 1)
-            check_plain(item, depth + 1)
-    else:
-        raise TypeError(kind.__module__ + "." + kind.__qualname__ + " is not plain data")
+_SIGKILL = 9  # importing signal (and with it enum) would be paid on every run
 
 
 def _one_line(text):
@@ -114,7 +92,8 @@ def _worker(job, start, result_fd, go_fd):
         if _read_exact(go_fd, 1) != b"g":
             os._exit(1)  # the parent died before the go-ahead
         os.close(go_fd)
-    require_plain, write, literal, line, max_reply = check_plain, _write_all, repr, _one_line, job["max_reply"]
+    require_plain = check_plain  # noqa: F821 -- from plain_values.py
+    write, literal, line, max_reply = _write_all, repr, _one_line, job["max_reply"]
     namespace = {"__name__": "__candidate__", "__builtins__": __builtins__}
     try:
         exec(compile(job["code"], "<candidate>", "exec"), namespace)
@@ -127,7 +106,7 @@ def _worker(job, start, result_fd, go_fd):
         os._exit(0)
     write(result_fd, b"loaded\t\n")
     for text in job["calls"][start:]:
-        args, kwargs = eval(text, dict(_ARG_NAMES))
+        args, kwargs = eval(text, dict(LITERAL_NAMES))  # noqa: F821 -- from plain_values.py
         try:
             value = function(*args, **kwargs)
         except BaseException as err:

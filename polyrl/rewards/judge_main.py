@@ -1,9 +1,13 @@
 """Runs INSIDE a sandbox of its own: the task's check code, never the candidate's code.
 
-Standard library only, Python 3.9+. The check module arrives rewritten by
-check_plan.py: every `assert` became `__polyrl_assert__(line, kind, calls, test,
-expected)`, where `calls` evaluates the assert's direct candidate calls and `test(values)`
-is the original condition over their results. The candidate is this file's `candidate`
+Standard library only, Python 3.9+. The sandbox program is this file with
+plain_values.py's text after this docstring (code_harness.sandbox_program), so
+`to_literal` and `LITERAL_NAMES` below come from there, the same code the host runs.
+
+The check module arrives rewritten by check_plan.py: every `assert` became
+`__polyrl_assert__(line, kind, calls, test, expected)`, where `calls` evaluates the
+assert's direct candidate calls and `test(values)` is the original condition over their
+results. The candidate is this file's `candidate`
 proxy; the entry point's name (HumanEval checks sometimes call it directly) is bound to
 the same proxy, on top of the prompt's helpers (trusted task text: `poly`, `encode_shift`).
 
@@ -27,8 +31,6 @@ import json
 import random
 import sys
 
-_SCALARS = (int, float, complex, bool, str, bytes, type(None))
-_VALUE_NAMES = {"__builtins__": {}, "inf": float("inf"), "nan": float("nan"), "set": set, "frozenset": frozenset}
 _DUNDERS = (
     "__eq__ __ne__ __lt__ __le__ __gt__ __ge__ __hash__ __bool__ __len__ __iter__ __next__ __reversed__ "
     "__contains__ __getitem__ __setitem__ __delitem__ __call__ __getattr__ __setattr__ __str__ __repr__ "
@@ -65,28 +67,6 @@ Pending = _opaque("Pending", NeedsValue)
 Failed = _opaque("Failed", CandidateFailed)
 
 
-def _check_plain(value, depth=0):
-    kind = type(value)
-    if kind in _SCALARS:
-        return
-    if depth > 100:
-        raise ValueError("nested more than 100 deep")
-    if kind is list or kind is tuple or kind is set or kind is frozenset:
-        for item in value:
-            _check_plain(item, depth + 1)
-    elif kind is dict:
-        for key, item in value.items():
-            _check_plain(key, depth + 1)
-            _check_plain(item, depth + 1)
-    else:
-        raise TypeError(kind.__qualname__ + " is not plain data")
-
-
-def _literal(value):
-    _check_plain(value)
-    return repr(value)
-
-
 class Judge:
     def __init__(self, data):
         self.mode = data["mode"]
@@ -104,7 +84,7 @@ class Judge:
         if not self.in_thunk:
             self.free_calls = True
         try:
-            text = _literal((args, kwargs))
+            text = to_literal((args, kwargs))  # noqa: F821 -- from plain_values.py
         except (TypeError, ValueError) as err:
             raise Unsupported("a candidate call's arguments are not plain data: %s" % err) from None
         index = len(self.calls)
@@ -115,7 +95,7 @@ class Judge:
             self.diverged = True
             return Failed()
         value = self.values[index]
-        return Failed() if value is None else eval(value, dict(_VALUE_NAMES))
+        return Failed() if value is None else eval(value, dict(LITERAL_NAMES))  # noqa: F821 -- from plain_values.py
 
     def check_assert(self, line, kind, calls, test, expected=None):
         first = len(self.calls)
@@ -136,7 +116,7 @@ class Judge:
             return
         if kind == "eq":
             try:
-                record["expected"] = _literal(expected())
+                record["expected"] = to_literal(expected())  # noqa: F821 -- from plain_values.py
             except (NeedsValue, TypeError, ValueError):
                 record["kind"] = "complex"
         if record["kind"] != "complex":

@@ -23,8 +23,8 @@ The reward is
 
 Score.value is in [0, 1]. Score.details: status ("ok" or "truncated": the conversation
 was longer than the model's context and its head was scored), raw (per member), z,
-mean_z, spread, ensemble_penalty, length_penalty, words, max_words. The other guards of
-issue 6 live elsewhere: the per-domain KL (rl/kl_control.py) and the hacking detector
+mean_z, spread, ensemble_penalty, length_penalty, words, max_words. The other guards
+against reward hacking live elsewhere: the per-domain KL (rl/kl_control.py) and the hacking detector
 (rewards/hacking.py) against the rule check (rewards/alignment_rules.py).
 
 Out of scope: pairwise/generative judges (an LLM asked "which is better?"), remote RM
@@ -40,6 +40,8 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
+from polyrl.models.loading import builtin_model_dirs
+from polyrl.models.tokenizer import Tokenizer
 from polyrl.rewards.alignment_rules import words
 from polyrl.types import Score, Task
 
@@ -59,7 +61,6 @@ class ClassifierRewardModel:
     def __init__(self, model_dir: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32,
                  batch_size: int = 32) -> None:
         from polyrl.models.classifier import load_classifier
-        from polyrl.models.tokenizer import Tokenizer
 
         self.model_dir = Path(model_dir)
         self.model, self.cfg = load_classifier(self.model_dir, dtype=dtype, device=device)
@@ -78,8 +79,6 @@ class ClassifierRewardModel:
         self.last_truncated: list[bool] = []
 
     def encode(self, prompt: str, completion: str) -> list[int]:
-        from polyrl.models.tiny_rm import render
-
         try:
             return self.tok.encode(render(self.tok, prompt, completion))
         except ValueError:  # no chat template: plain text, one turn per line
@@ -99,14 +98,18 @@ class ClassifierRewardModel:
         return out
 
 
+def render(tok: Tokenizer, prompt: str, completion: str) -> str:
+    """The text a reward model scores: the conversation as the tokenizer's chat template writes it."""
+    return tok.apply_chat_template([{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}],
+                                   add_generation_prompt=False)
+
+
 def builtin_reward_models(members: int = 3, recipe: dict[str, Any] | None = None,
                           log: Callable[[str], None] = print, **kwargs: Any) -> list[ClassifierRewardModel]:
-    """The built-in tiny reward models (models/tiny_rm.py), built on first use and cached;
-    `recipe` overrides TinyRMRecipe fields (tests use a micro recipe)."""
-    from polyrl.models.tiny_rm import TinyRMRecipe, ensure_tiny_reward_models
-
-    r = TinyRMRecipe(**(recipe or {}))
-    return [ClassifierRewardModel(p, **kwargs) for p in ensure_tiny_reward_models(r, members, log=log)]
+    """The built-in tiny reward models (`builtin:tiny-rm`, polyrl/builtin/tiny_rm.py), built on
+    first use and cached; `recipe` overrides TinyRMRecipe fields (tests use a micro recipe)."""
+    dirs = builtin_model_dirs("tiny-rm", log=log, members=members, recipe=recipe)
+    return [ClassifierRewardModel(p, **kwargs) for p in dirs]
 
 
 class PreferenceModel:
@@ -114,12 +117,13 @@ class PreferenceModel:
 
     name = "preference_model"
 
-    def __init__(self, model: str | list[str] = "builtin:tiny", members: int = 3, recipe: dict[str, Any] | None = None,
+    def __init__(self, model: str | list[str] = "builtin:tiny-rm", members: int = 3, recipe: dict[str, Any] | None = None,
                  disagreement: float = 1.0, length_penalty: float = 0.5, max_words: int | None = None,
                  reward_models: Sequence[RewardModel] | None = None, device: str = "cpu", batch_size: int = 32,
                  log: Callable[[str], None] = print, **_: Any) -> None:
-        """model: "builtin:tiny", an HF reward-model directory, or a list of them (an ensemble);
-        members: ensemble size of builtin:tiny; recipe: TinyRMRecipe overrides for builtin:tiny;
+        """model: "builtin:tiny-rm" (also accepted as "builtin:tiny"), an HF reward-model directory,
+        or a list of them (an ensemble); members: ensemble size of builtin:tiny-rm; recipe:
+        TinyRMRecipe overrides for builtin:tiny-rm;
         disagreement: weight of the ensemble's spread; length_penalty: reward lost per 100% over
         the word bound; max_words: the bound for tasks without data.max_words (None: no bound);
         reward_models: ready RewardModel objects, used instead of `model`."""
@@ -129,7 +133,7 @@ class PreferenceModel:
             raise ValueError(f"max_words must be > 0 or None; got {max_words}")
         if reward_models is not None:
             self.members = list(reward_models)
-        elif model == "builtin:tiny":
+        elif model in ("builtin:tiny-rm", "builtin:tiny"):
             self.members = builtin_reward_models(members, recipe, log=log, device=device, batch_size=batch_size)
         else:
             dirs = [model] if isinstance(model, str) else list(model)

@@ -9,16 +9,19 @@ numbers compare by value, so "36" = "36.0"), else 0. `steps` counts model calls 
 
 The cost cap `max_cost` (< 1) makes any success worth more than any failure. With
 `gate_cost_on_success` (default) a failure scores 0 whatever it spent, so a failing
-policy is not pushed to quit early rather than to succeed (agent_rl.md section 3);
+policy is not pushed to quit early rather than to succeed (a cost charged to failures too
+rewards giving up cheaply);
 without it a failure scores -cost, and rewards lie in [-max_cost, 1].
 
-A completion is what `AgentResult.to_completion()` writes, a JSON object:
+What it grades is an `EpisodeOutcome` (polyrl/agent/outcome.py): the answer, the calls
+and the tokens, as training's rollouts pass it. From a file (`polyrl score`) a response
+is text: an episode record as `AgentResult.to_completion()` writes it,
 
     {"answer": "36", "steps": 3, "tokens": 412, ...}
 
-A plain string is also accepted (e.g. a final message graded with `polyrl score`):
-its answer is the <answer> block or, without one, the whole text; steps and tokens
-are then 0. An unreadable completion scores 0 with status "malformed".
+read by `EpisodeOutcome.from_json`, or a plain final message, whose answer is the
+<answer> block or, without one, the whole text (steps and tokens 0). A record with
+unreadable counts scores 0 with status "malformed".
 
 Out of scope: checking the world's final state (agent tasks here are read-only) and
 partial credit for the right tool calls (ToolRL-style); costs relative to the task's
@@ -27,12 +30,12 @@ optimal step count are left to a later option.
 
 from __future__ import annotations
 
-import json
 import math
 import re
-from typing import Any, Sequence
+from typing import Sequence
 
 from polyrl.agent.call_format import parse_answer
+from polyrl.agent.outcome import EpisodeOutcome
 from polyrl.types import Score, Task
 
 _EDGE = re.compile(r"^[\s\"'`.,;:!?()\[\]]+|[\s\"'`.,;:!?()\[\]]+$")
@@ -54,22 +57,16 @@ def answers_match(gold: str, answer: str | None) -> bool:
         return g == a
 
 
-def read_completion(completion: str) -> dict[str, Any] | None:
-    """The reward inputs of a completion: {"answer", "steps", "tokens", ...}; None if unreadable."""
-    stripped = completion.strip()
-    if stripped.startswith("{"):
-        try:
-            obj = json.loads(stripped)
-        except json.JSONDecodeError:
-            obj = None
-        if isinstance(obj, dict) and "answer" in obj:
-            steps, tokens = obj.get("steps", 0), obj.get("tokens", 0)
-            if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (steps, tokens)):
-                return None
-            answer = obj["answer"]
-            return {**obj, "answer": None if answer is None else str(answer)}
-    answer = parse_answer(completion)
-    return {"answer": answer if answer is not None else stripped, "steps": 0, "tokens": 0}
+def read_response(response: str | EpisodeOutcome) -> EpisodeOutcome:
+    """The outcome to grade: as given, from an episode record, or from a plain final message.
+    A record with unreadable counts is a ValueError."""
+    if isinstance(response, EpisodeOutcome):
+        return response
+    outcome = EpisodeOutcome.from_json(response)
+    if outcome is not None:
+        return outcome
+    answer = parse_answer(response)
+    return EpisodeOutcome(answer if answer is not None else response.strip())
 
 
 class SuccessMinusCost:
@@ -86,25 +83,26 @@ class SuccessMinusCost:
         self.alpha, self.beta, self.max_cost = alpha, beta, max_cost
         self.gate_cost_on_success = gate_cost_on_success
 
-    def score(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[Score]:
-        if len(tasks) != len(completions):
-            raise ValueError(f"{len(tasks)} tasks but {len(completions)} completions")
-        return [self._one(t, c) for t, c in zip(tasks, completions)]
+    def score(self, tasks: Sequence[Task], responses: Sequence[str | EpisodeOutcome]) -> list[Score]:
+        if len(tasks) != len(responses):
+            raise ValueError(f"{len(tasks)} tasks but {len(responses)} responses")
+        return [self._one(t, r) for t, r in zip(tasks, responses)]
 
-    def _one(self, task: Task, completion: str) -> Score:
+    def _one(self, task: Task, response: str | EpisodeOutcome) -> Score:
         if task.answer is None:
             raise ValueError(f"task {task.id!r}: success_minus_cost needs the task's 'answer'")
-        inputs = read_completion(completion)
-        if inputs is None:
-            return Score(0.0, {"status": "malformed", "error": "completion is not an episode record or text"})
-        success = answers_match(task.answer, inputs["answer"])
-        cost = min(self.max_cost, self.alpha * inputs["steps"] + self.beta * inputs["tokens"])
+        try:
+            outcome = read_response(response)
+        except ValueError as err:
+            return Score(0.0, {"status": "malformed", "error": str(err)})
+        success = answers_match(task.answer, outcome.answer)
+        cost = min(self.max_cost, self.alpha * outcome.steps + self.beta * outcome.tokens)
         value = (1.0 - cost) if success else (0.0 if self.gate_cost_on_success else -cost)
-        details = {"status": "success" if success else ("no_answer" if inputs["answer"] is None else "wrong"),
-                   "success": success, "answer": inputs["answer"], "expected": task.answer,
-                   "steps": inputs["steps"], "tokens": inputs["tokens"], "cost": round(cost, 6)}
-        if "stop_reason" in inputs:
-            details["stop_reason"] = inputs["stop_reason"]
+        details = {"status": "success" if success else ("no_answer" if outcome.answer is None else "wrong"),
+                   "success": success, "answer": outcome.answer, "expected": task.answer,
+                   "steps": outcome.steps, "tokens": outcome.tokens, "cost": round(cost, 6)}
+        if outcome.stop_reason is not None:
+            details["stop_reason"] = outcome.stop_reason
         return Score(value, details)
 
     def close(self) -> None:

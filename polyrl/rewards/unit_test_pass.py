@@ -1,6 +1,6 @@
 """unit_test_pass: the fraction of a task's tests a code completion genuinely passes.
 
-Task shapes (DESIGN.md), both with `data["entry_point"]`:
+Task shapes (the code lines of polyrl/domains/pack.py), both with `data["entry_point"]`:
 - `data["tests"] = [{"args": [...], "expected": ...}]`: one call per test; the return
   value, brought to JSON shape (tuples as lists), must equal `expected`.
 - `data["test"]`: a HumanEval `check(candidate)` source, `prompt` the signature and

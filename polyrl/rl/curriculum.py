@@ -2,8 +2,8 @@
 curriculum moves the weights from held-out progress.
 
 `curriculum: static` keeps the run file's weights. `curriculum: capability_curve`
-(C3 in shared/research/curriculum.md, simplified to held-out capability alone) tracks
-each domain's held-out score c_d over evaluations and, after each one, sets
+(learning progress, measured on held-out capability alone) tracks each domain's held-out
+score c_d over evaluations and, after each one, sets
 
     target_d ∝ seed_d · headroom_d · exp(min(3, max(slope_d, 0) / progress_scale))
 

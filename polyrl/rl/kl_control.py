@@ -10,7 +10,7 @@ where KL_d is the domain's mean per-token KL to the reference this step and n_d 
 number of its samples in the step. KL above target raises beta_d, below lowers it;
 the clip bounds the change per step to ±clip · n_d / horizon. A domain whose target is
 None keeps its coefficient fixed (verifiable domains usually want beta = 0 and only a
-logged KL; preference domains want a target). Shared/research/curriculum.md §4.5.
+logged KL; preference domains want a target).
 
     kl = PerDomainKL({"math": 0.0, "alignment": 0.01}, {"math": None, "alignment": 0.05}, horizon=10000)
     coefs = kl.update({"alignment": 0.09}, {"alignment": 24})   # after each optimizer step

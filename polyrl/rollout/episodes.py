@@ -12,14 +12,15 @@ What comes back, per episode (`Episode`):
   (prompts, tool results, template markup and compression summaries are 0) and the
   generated tokens' sampling `logprobs` (0.0 elsewhere). Usually one segment; one more
   each time compression or truncation rewrote the prompt.
-- `completion`: the reward inputs as the verifier's completion string
-  (`SuccessMinusCost().score([task], [episode.completion])`).
+- `response`: the EpisodeOutcome a verifier grades
+  (`SuccessMinusCost().score([task], [episode.response])`); with the rest of groups.py's
+  sample interface, an Episode is one sample of a Group.
 - `result`: the full AgentResult (answer, stop reason, steps, events) for logs.
 
 How a trainer uses it (the layout of polyrl.train.batch, one row per segment):
 
     episodes = rollout_episodes(engine, tokenizer, tasks, group_size, sampling, AgentDomain.toolbox)
-    scores = verifier.score([e.task for e in episodes], [e.completion for e in episodes])
+    scores = verifier.score([e.task for e in episodes], [e.response for e in episodes])
     # group advantages over the G episodes of each task, then for each segment of each episode:
     #   input_ids = seg.token_ids;  targets[t] = token_ids[t + 1]
     #   mask[t - 1] = seg.loss_mask[t];  old_logp[t - 1] = seg.logprobs[t]   (token t predicted at t - 1)
@@ -36,12 +37,13 @@ import hashlib
 import time
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from polyrl.agent.budget import TokenBudget
 from polyrl.agent.engine_model import EngineChatModel, Segment
 from polyrl.agent.loop import AgentConfig, AgentResult, ModelSlot, agent_episode
 from polyrl.agent.model import ModelReply, ModelRequest
+from polyrl.agent.outcome import EpisodeOutcome
 from polyrl.agent.tools import ToolBox
 from polyrl.engine.base import Engine, SamplingParams
 from polyrl.models.tokenizer import Tokenizer
@@ -58,11 +60,41 @@ class Episode:
     result: AgentResult
     weight_versions: list[int]
     """Weight version of each model call's completion (staleness checks)."""
+    default_version: int = 0
+    """The engine's weight version when the episode ran (an episode without model calls)."""
+
+    # ---- what groups.py asks of a sample
 
     @property
-    def completion(self) -> str:
-        """The reward inputs as a verifier completion string (see success_minus_cost)."""
-        return self.result.to_completion()
+    def response(self) -> EpisodeOutcome:
+        """What the verifier grades: the answer and the episode's costs."""
+        return self.result.outcome
+
+    @property
+    def generated_ids(self) -> list[int]:
+        return [t for seg in self.segments for t, m in zip(seg.token_ids, seg.loss_mask) if m]
+
+    @property
+    def generated_logprobs(self) -> list[float]:
+        return [p for seg in self.segments for p, m in zip(seg.logprobs, seg.loss_mask) if m]
+
+    @property
+    def finish_reason(self) -> str:
+        """"length" when any model call of the episode was cut at its max_tokens."""
+        return "length" if any(s.reply.finish_reason == "length" for s in self.result.steps) else "stop"
+
+    @property
+    def weight_version(self) -> int:
+        return min(self.weight_versions, default=self.default_version)
+
+    def rows(self) -> list[tuple[list[int], list[int], list[float]]]:
+        """One training row per segment, as the rollout recorded it."""
+        return [(seg.token_ids, seg.loss_mask, seg.logprobs) for seg in self.segments]
+
+    def record(self) -> dict[str, Any]:
+        return {"prompt_ids": [], "completion": self.result.answer, "episode": self.result.to_json()}
+
+    # ---- the episode itself
 
     @property
     def rewritten(self) -> bool:
@@ -141,7 +173,7 @@ def rollout_episodes(engine: Engine, tokenizer: Tokenizer, tasks: Sequence[Task]
         round_index += 1
 
     return [Episode(tasks[k // group_size], k % group_size, sessions[k].trace.segments, results[k],
-                    sessions[k].weight_versions) for k in range(len(episodes))]
+                    sessions[k].weight_versions, engine.weight_version) for k in range(len(episodes))]
 
 
 def _advance(k: int, episode, reply: ModelReply | None, pending: dict[int, ModelRequest],

@@ -1,30 +1,100 @@
-"""Single-turn rollouts: G samples per prompt through the Engine interface, then scores.
+"""Groups of samples: the unit GRPO's advantages are computed over, and how they are scored.
 
-A group is one task, its prompt tokens, and its G completions with their scores. This
-is the unit GRPO's advantages are computed over. Rollout knows the Engine contract and
-the verifier contract, nothing of training.
+A group is one task and its G samples. A sample is either a `SingleTurn` (one completion
+of the task's prompt, here) or an `Episode` (a multi-turn agent episode, episodes.py).
+Both answer what the later stages ask of a sample, so reward, advantage, loss and logs
+treat them alike:
+
+    sample.response          what the verifier grades: the completion's text, or the
+                             episode's EpisodeOutcome (answer, calls, tokens)
+    sample.generated_ids     the tokens the policy generated (lengths, rollout counts)
+    sample.finish_reason     "length" when generation was cut at max_tokens (for an
+                             episode: any of its calls), else "stop"; overlong handling
+    sample.weight_version    the oldest weight version among its tokens
+    sample.rows()            training rows (token ids, loss mask, logprobs)
+    sample.record()          its fields of the trajectory log
+
+Rollout knows the Engine contract and the verifier contract, nothing of training.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping, Protocol
 
 from polyrl.engine.base import Engine, SamplingParams
 from polyrl.models.tokenizer import Tokenizer
-from polyrl.rewards.base import Verifier
+from polyrl.rewards.base import Response, Verifier
+from polyrl.rollout.spec import DomainSpec
 from polyrl.types import Completion, Score, Task
+
+Row = tuple[list[int], list[int], list[float]]
+"""(token ids, loss mask, logprobs), aligned per token; mask 1 on tokens the policy generated."""
+
+
+class Sample(Protocol):
+    @property
+    def response(self) -> Response: ...
+
+    @property
+    def generated_ids(self) -> list[int]: ...
+
+    @property
+    def generated_logprobs(self) -> list[float]: ...
+
+    @property
+    def finish_reason(self) -> str: ...
+
+    @property
+    def weight_version(self) -> int: ...
+
+    def rows(self) -> list[Row]: ...
+
+    def record(self) -> dict[str, Any]: ...
+
+
+@dataclass
+class SingleTurn:
+    """One completion of a task's chat prompt: one training row, prompt then completion."""
+
+    prompt_ids: list[int]
+    completion: Completion
+
+    @property
+    def response(self) -> str:
+        return self.completion.text
+
+    @property
+    def generated_ids(self) -> list[int]:
+        return self.completion.token_ids
+
+    @property
+    def generated_logprobs(self) -> list[float]:
+        return self.completion.logprobs
+
+    @property
+    def finish_reason(self) -> str:
+        return self.completion.finish_reason
+
+    @property
+    def weight_version(self) -> int:
+        return self.completion.weight_version
+
+    def rows(self) -> list[Row]:
+        c, P = self.completion, len(self.prompt_ids)
+        return [(self.prompt_ids + c.token_ids, [0] * P + [1] * len(c.token_ids), [0.0] * P + list(c.logprobs))]
+
+    def record(self) -> dict[str, Any]:
+        return {"prompt_ids": self.prompt_ids, "completion": self.completion.text}
 
 
 @dataclass
 class Group:
     task: Task
-    prompt_ids: list[int]
-    completions: list[Completion]
+    samples: list[Sample]
+    """G samples: SingleTurns, or Episodes (episodes.py) for a domain with tools."""
     scores: list[Score] = field(default_factory=list)
-    episodes: list[Any] | None = None
-    """Agent groups (dispatch.py): sample j's Episode, whose segments are its training rows."""
 
     @property
     def rewards(self) -> list[float]:
@@ -36,7 +106,7 @@ def render_prompts(tokenizer: Tokenizer, tasks: list[Task]) -> list[list[int]]:
 
 
 def sample_groups(engine: Engine, tokenizer: Tokenizer, tasks: list[Task], group_size: int,
-                  sampling_for: dict[str, SamplingParams]) -> list[Group]:
+                  sampling_for: Mapping[str, SamplingParams]) -> list[Group]:
     """Generate `group_size` completions for every task; `sampling_for` maps domain -> params
     (domains may differ in max_tokens). One engine call per distinct sampling setting."""
     if not tasks:
@@ -49,21 +119,20 @@ def sample_groups(engine: Engine, tokenizer: Tokenizer, tasks: list[Task], group
     for params, indices in by_params.items():
         completions = engine.generate([prompt_ids[i] for i in indices], group_size, params)
         for k, i in enumerate(indices):
-            groups[i] = Group(tasks[i], prompt_ids[i], completions[k * group_size:(k + 1) * group_size])
+            group = completions[k * group_size:(k + 1) * group_size]
+            groups[i] = Group(tasks[i], [SingleTurn(prompt_ids[i], c) for c in group])
     return [g for g in groups if g is not None]
 
 
-def score_groups(groups: list[Group], verifiers: dict[str, Verifier], default_verifier: dict[str, str]) -> None:
-    """Fill each group's scores with one batched call per verifier.
-
-    verifiers: name -> Verifier; default_verifier: domain -> verifier name, used when the
-    task does not name its own."""
+def score_groups(groups: list[Group], verifiers: Mapping[str, Verifier], specs: Mapping[str, DomainSpec]) -> None:
+    """Fill each group's scores with one batched call per verifier: the task's own, else its
+    domain's (verifiers: key -> Verifier)."""
     pending: dict[str, list[tuple[Group, int]]] = defaultdict(list)
     for g in groups:
-        name = g.task.verifier or default_verifier[g.task.domain]
-        pending[name].extend((g, j) for j in range(len(g.completions)))
-        g.scores = [Score(0.0)] * len(g.completions)
+        name = g.task.verifier or specs[g.task.domain].verifier
+        pending[name].extend((g, j) for j in range(len(g.samples)))
+        g.scores = [Score(0.0)] * len(g.samples)
     for name, items in pending.items():
-        scores = verifiers[name].score([g.task for g, _ in items], [g.completions[j].text for g, j in items])
+        scores = verifiers[name].score([g.task for g, _ in items], [g.samples[j].response for g, j in items])
         for (g, j), s in zip(items, scores):
             g.scores[j] = s

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 _BLOB_MIN = 2048
-"""Program texts at least this long go to blobs/ (the harness is ~10 KB; candidates are small)."""
+"""Program texts at least this long go to blobs/, stored once however many records name them
+(a grader's harness is long and the same in every record; candidates are short)."""
 
 
 class ExecutionLog:

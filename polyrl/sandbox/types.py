@@ -126,7 +126,7 @@ class SandboxConfig:
     long-lived interpreter per worker slot inside its own bubblewrap that never runs
     request code; each execution is forked into fresh mount, pid, network, ipc, uts and
     cgroup namespaces with a fresh tmpfs and no capabilities (zygote_main.py). "spawn": a
-    new bubblewrap and interpreter per execution (slower: ~20 ms of start-up each)."""
+    new bubblewrap and interpreter per execution (slower: every execution pays both start-ups)."""
     preload: tuple[str, ...] = ("typing", "collections", "re", "math", "itertools", "functools", "heapq",
                                 "bisect", "string", "select", "time")
     """Modules the zygote imports once so executions need not (start="fork" only). Only

@@ -5,9 +5,9 @@ zygote_main.py, started as the slot's uid with the slot's process budget. It ser
 request at a time: every execution is forked into namespaces, a tmpfs and rlimits of its
 own and drops every capability (see zygote_main.py for what is fresh per execution and
 why no request's data reaches a later one). What an execution saves against start="spawn"
-is the start of bubblewrap and of an interpreter, and the pre-imports (`preload`): about
-20 ms of CPU per execution, most of what a short test run costs; and a host process
-holding gigabytes (the trainer) forks only when a zygote starts, not per execution.
+is the start of bubblewrap and of an interpreter, and the pre-imports (`preload`): most
+of what a short test run costs; and a host process holding gigabytes (the trainer) forks
+only when a zygote starts, not per execution.
 
 The host enforces its own deadline on top of the zygote's (the request's wall clock plus
 a margin): a zygote that stops answering is killed and restarted, and the request comes
@@ -51,8 +51,8 @@ _PUBLIC: dict[str, str] = {}
 def public_program(source: str) -> str:
     """Register `source` as a public program (a grader's own harness, never request data)
     and return it. A zygote keeps such a program compiled after its first run, so later runs
-    skip sending and parsing it (~6 ms for a 300-line harness). Only register text that
-    any execution may see: it stays in the memory every later execution inherits."""
+    skip sending and parsing it. Only register text that any execution may see: it stays
+    in the memory every later execution inherits."""
     _PUBLIC[hashlib.sha256(source.encode(errors="surrogatepass")).hexdigest()] = source
     return source
 

@@ -1,7 +1,8 @@
-"""Groups -> padded training tensors: the only place that knows how a sample is laid out.
+"""Groups -> padded training tensors.
 
-Each row is a sample's token ids, right-padded: prompt then completion for single-turn
-samples, each segment of an episode for agent samples. Position t of `targets` holds
+Each row is one of a sample's training rows (rollout/groups.py, `sample.rows()`),
+right-padded: prompt then completion for a single-turn sample, each segment of an
+episode for an agent sample. Position t of `targets` holds
 token t+1, so the model's logits at t score it; `mask` is 1 exactly on the tokens the
 policy generated (prompt, tool results, padding and masked samples are 0).
 """
@@ -36,24 +37,13 @@ class TrainBatch:
                           self.lengths[rows], self.groups[rows])
 
 
-def training_rows(g: Group, j: int) -> list[tuple[list[int], list[int], list[float]]]:
-    """Sample j of group g as (token ids, loss mask, logprobs) rows, aligned per token.
-
-    A single-turn sample is one row, prompt then completion (mask 1 on the completion);
-    an agent episode is one row per segment, as its rollout recorded it (mask 1 on what
-    the policy generated; prompts and tool results 0)."""
-    if g.episodes is not None:
-        return [(seg.token_ids, seg.loss_mask, seg.logprobs) for seg in g.episodes[j].segments]
-    c, P = g.completions[j], len(g.prompt_ids)
-    return [(g.prompt_ids + c.token_ids, [0] * P + [1] * len(c.token_ids), [0.0] * P + list(c.logprobs))]
-
-
 def build_batch(groups: list[Group], advantages: list[list[float]], sample_weight: list[list[float]],
                 kl_coef: dict[str, float]) -> TrainBatch:
-    """One row per training row of every sample of every group given (training_rows);
-    advantages/sample_weight are per group, per sample, and apply to all of a sample's rows."""
+    """One row per training row of every sample of every group given (`sample.rows()`: one
+    for a single-turn sample, one per segment of an episode); advantages/sample_weight are
+    per group, per sample, and apply to all of a sample's rows."""
     rows = [(gi, g, a, w, row) for gi, (g, g_adv, g_w) in enumerate(zip(groups, advantages, sample_weight))
-            for j, (a, w) in enumerate(zip(g_adv, g_w)) for row in training_rows(g, j)]
+            for x, a, w in zip(g.samples, g_adv, g_w) for row in x.rows()]
     T = max(len(ids) for *_, (ids, _, _) in rows)
     B = len(rows)
     input_ids = torch.zeros(B, T, dtype=torch.long)

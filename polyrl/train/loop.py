@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -23,25 +24,28 @@ from typing import Callable
 import torch
 
 from polyrl.config import RunConfig
+from polyrl.engine.base import SamplingParams
 from polyrl.engine.factory import build_engine
 from polyrl.engine.stats import counter_delta, engine_counters
 from polyrl.models.hf_io import save_pretrained
+from polyrl.models.loading import load_policy, resolve_model_dir
 from polyrl.rl.advantages import group_advantages, zero_variance_groups
 from polyrl.rl.curriculum import CapabilityCurriculum, allocate
 from polyrl.rl.kl_control import PerDomainKL
-from polyrl.rl.loss import clipped_tokens, kl_k3, kl_penalty, policy_loss
 from polyrl.rl.overlong import overlong_mask, overlong_rewards
 from polyrl.obs.store import ObsStore
-from polyrl.quality.quarantine import RewardMonitor
-from polyrl.rollout.dispatch import record_episodes, rollout_groups
+from polyrl.rollout.dispatch import Rollout, record_episodes
 from polyrl.rollout.groups import Group, score_groups
+from polyrl.rollout.spec import DomainSpec
 from polyrl.sandbox.execution_log import ExecutionLog
-from polyrl.train.batch import build_batch, token_entropy, token_logprobs
+from polyrl.train.batch import build_batch
 from polyrl.train.display import Display
 from polyrl.train.evaluate import evaluate
-from polyrl.train.packing import piece_logits, plan
+from polyrl.train.monitor import RewardMonitor
 from polyrl.train.run_dir import RunDir
-from polyrl.train.setup import Domains, build_curriculum, build_domains, load_policy, resolve_model_dir, step_seed
+from polyrl.train.setup import build_curriculum, build_domains, step_seed
+from polyrl.train.update import update
+from polyrl.types import Task
 
 
 @dataclass
@@ -58,28 +62,40 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, log: Callab
     """Run (or, with resume=True, continue) the run described by cfg in run_dir.
 
     stop_after ends the process after that many steps as if it had been killed: for tests
-    of resume, and for budgeting work across sessions.
+    of resume, and for budgeting work across sessions. The engine, the verifiers and the
+    observability store are closed on every way out, errors included.
     """
-    rd = RunDir(run_dir)
+    with ExitStack() as closing:
+        return _train(cfg, RunDir(run_dir), resume, log, stop_after, closing)
+
+
+def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None], stop_after: int | None,
+           closing: ExitStack) -> TrainResult:
     torch.manual_seed(cfg.seed)
     model_dir = resolve_model_dir(cfg.model.path, log=log)
     policy, tokenizer = load_policy(model_dir, cfg.model.dtype)
     engine = build_engine(cfg.engine, copy.deepcopy(policy), tokenizer, model_dir)
+    closing.callback(engine.close)
     doms = build_domains(cfg, ExecutionLog(rd.executions))
-    obs = ObsStore.in_run_dir(rd.path) if doms.agents.toolbox_for else None  # agent calls, tools, verdicts
-    doms.agents.recorder, doms.agents.context_window = obs, policy.cfg.max_position_embeddings
-    curriculum = build_curriculum(cfg, doms.weights)  # None: static weights
-    kl = PerDomainKL(doms.kl_coef, doms.kl_target, cfg.trainer.kl_horizon)
-    uses_kl = any(c > 0 for c in doms.kl_coef.values())
+    closing.callback(doms.close)
+    specs = doms.specs
+    obs = None
+    if any(spec.agent for spec in specs.values()):  # agent calls, tools, verdicts
+        obs = ObsStore.in_run_dir(rd.path)
+        closing.callback(obs.close)
+    rollout = Rollout(engine, tokenizer, specs, policy.cfg.max_position_embeddings, obs)
+    curriculum = build_curriculum(cfg, {d: s.weight for d, s in specs.items()})  # None: static weights
+    kl = PerDomainKL({d: s.kl_coef for d, s in specs.items()}, {d: s.kl_target for d, s in specs.items()},
+                     cfg.trainer.kl_horizon)
+    uses_kl = any(s.kl_coef > 0 for s in specs.values())
     ref = copy.deepcopy(policy).eval().requires_grad_(False) if uses_kl else None
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.trainer.lr, betas=(0.9, 0.99),
                                   weight_decay=cfg.trainer.weight_decay)
-    heldout = {name: d.sample("heldout", cfg.eval.heldout_per_domain, seed=cfg.seed) for name, d in doms.domains.items()}
+    heldout = {d: s.source.sample("heldout", cfg.eval.heldout_per_domain, seed=cfg.seed) for d, s in specs.items()}
 
     def run_eval(step: int) -> dict:
-        return evaluate(engine, tokenizer, heldout, doms.verifiers, doms.verifier_of,
-                        {d: replace(p, seed=step_seed(cfg.seed, step, "eval")) for d, p in doms.eval_sampling.items()},
-                        cfg.eval.samples, cfg.eval.greedy, doms.agents, f"eval{step}", doms.check_of)
+        return evaluate(rollout, heldout, doms.verifiers, step_seed(cfg.seed, step, "eval"), cfg.eval.samples,
+                        cfg.eval.greedy, f"eval{step}")
 
     state = rd.load_state() if resume else None
     if state is None:
@@ -104,7 +120,8 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, log: Callab
         log(f"resuming {rd.path} at step {start_step}")
 
     display = Display(cfg.trainer.steps, start_step, before, log)
-    monitor = RewardMonitor()  # suspicious reward patterns -> RUN_DIR/flags.jsonl (polyrl/quality/quarantine.py)
+    closing.callback(display.close)
+    monitor = RewardMonitor()  # suspicious reward patterns -> RUN_DIR/flags.jsonl (train/monitor.py)
     steps_done = start_step
     for step in range(start_step, cfg.trainer.steps):
         if cfg.trainer.max_minutes and clock >= cfg.trainer.max_minutes * 60:
@@ -116,21 +133,21 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, log: Callab
         t0 = time.perf_counter()
         counters0 = engine_counters(engine)
         # 1. rollout: this step's prompts, G samples each
-        weights, weight_reasons = (curriculum.weights, curriculum.reasons) if curriculum else (doms.weights, None)
+        weights, weight_reasons = (curriculum.weights, curriculum.reasons) if curriculum else (
+            {d: s.weight for d, s in specs.items()}, None)
         counts = allocate(cfg.trainer.prompts_per_step, weights)
-        tasks = [t for d, k in counts.items() for t in doms.domains[d].sample("train", k, step_seed(cfg.seed, step, d))]
-        sampling = {d: replace(p, seed=step_seed(cfg.seed, step, "rollout")) for d, p in doms.sampling.items()}
-        groups = rollout_groups(engine, tokenizer, tasks, cfg.trainer.group_size, sampling, doms.agents, f"s{step}")
+        tasks = draw_tasks(specs, counts, cfg.seed, step)
+        groups = rollout.groups(tasks, cfg.trainer.group_size, rollout_sampling(cfg.seed, step), f"s{step}")
         t1 = time.perf_counter()
         rollout_counters = counter_delta(counters0, engine_counters(engine))
-        rollout_tokens += sum(len(c.token_ids) for g in groups for c in g.completions)
+        rollout_tokens += sum(len(x.generated_ids) for g in groups for x in g.samples)
         # 2. reward
-        score_groups(groups, doms.verifiers, doms.verifier_of)
+        score_groups(groups, doms.verifiers, specs)
         record_episodes(groups, obs)
         t2 = time.perf_counter()
         # 3. advantage, with zero-variance groups dropped (they carry no signal)
-        rewards = torch.tensor([overlong_rewards(g.rewards, [c.finish_reason for c in g.completions],
-                                                 cfg.trainer.overlong) for g in groups])
+        finished = [[x.finish_reason for x in g.samples] for g in groups]
+        rewards = torch.tensor([overlong_rewards(g.rewards, f, cfg.trainer.overlong) for g, f in zip(groups, finished)])
         flat = zero_variance_groups(rewards) if cfg.trainer.drop_zero_variance else torch.zeros(len(groups), dtype=torch.bool)
         adv = group_advantages(rewards, [g.task.domain for g in groups])
         keep = [i for i in range(len(groups)) if not flat[i]]
@@ -138,12 +155,12 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, log: Callab
         stats, coefs = {}, dict(kl.coefs)
         if keep:
             kept = [groups[i] for i in keep]
-            masks = [overlong_mask([c.finish_reason for c in g.completions], cfg.trainer.overlong) for g in kept]
+            masks = [overlong_mask(finished[i], cfg.trainer.overlong) for i in keep]
             batch = build_batch(kept, [adv[i].tolist() for i in keep], masks, coefs)
             stats = update(policy, ref, optimizer, batch, cfg, step)
             engine.update_weights(policy.state_dict(), version=step + 1)
-            kl.update({d: stats[d]["kl"] for d in counts if d in stats},
-                      {d: sum(len(g.completions) for g in kept if g.task.domain == d) for d in counts})
+            kl.update({d: stats["domains"][d]["kl"] for d in counts if d in stats["domains"]},
+                      {d: sum(len(g.samples) for g in kept if g.task.domain == d) for d in counts})
         t3 = time.perf_counter()
         clock += t3 - t0
 
@@ -162,7 +179,7 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, log: Callab
                                                "reasons": moved.reasons}
         rd.append(rd.metrics, [record])
         rd.append(rd.trajectories, trajectory_records(step, groups))
-        rd.append(rd.flags, monitor.step(step, groups, record, doms.verifier_of))
+        rd.append(rd.flags, monitor.step(step, groups, record, specs))
         if (step + 1) % cfg.trainer.checkpoint_every == 0:
             save_checkpoint(rd, policy, model_dir, f"step-{step + 1:06d}")
         rd.save_state({"step": step + 1, "clock": clock, "rollout_tokens": rollout_tokens,
@@ -171,21 +188,25 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, log: Callab
         display.step(record)
         steps_done = step + 1
         if stop_after is not None and steps_done - start_step >= stop_after:
-            display.close()
-            doms.close()
-            if obs:
-                obs.close()
             return TrainResult(rd.path, steps_done, before, None, clock)
     display.close()
 
     after = run_eval(steps_done)
     rd.write_json(rd.eval_file("after"), after)
     save_checkpoint(rd, policy, model_dir, "final")
-    doms.close()
-    if obs:
-        obs.close()
     display.summary(before, after, rd.path, clock)
     return TrainResult(rd.path, steps_done, before, after, clock)
+
+
+def draw_tasks(specs: dict[str, DomainSpec], counts: dict[str, int], seed: int, step: int) -> list[Task]:
+    """A step's training prompts: counts[d] train tasks of each domain d, seeded by (run seed, step, d)."""
+    return [t for d, k in counts.items() for t in specs[d].source.sample("train", k, step_seed(seed, step, d))]
+
+
+def rollout_sampling(seed: int, step: int) -> Callable[[DomainSpec], SamplingParams]:
+    """Each domain's rollout sampling at a step: its own settings, one seed per (run seed, step)."""
+    step_sampling_seed = step_seed(seed, step, "rollout")
+    return lambda spec: replace(spec.sampling, seed=step_sampling_seed)
 
 
 def capability(evaluation: dict[str, dict]) -> dict[str, float]:
@@ -193,97 +214,28 @@ def capability(evaluation: dict[str, dict]) -> dict[str, float]:
     return {d: r["accuracy"] for d, r in evaluation.items()}
 
 
-def update(policy, ref, optimizer, batch, cfg: RunConfig, step: int) -> dict:
-    """ppo_epochs passes of minibatch updates over one rollout batch; returns per-domain stats
-    (KL, entropy, clip fraction) measured on the first pass.
-
-    Each minibatch is one optimizer step over its pieces (train/packing.py: shared prefixes
-    computed once, rows in length-sorted micro-batches of at most trainer.micro_batch_tokens),
-    whose gradients add up to the whole minibatch's."""
-    tc = cfg.trainer
-    temperature = cfg.engine.temperature
-    policy.train()
-    ref_logp = reference_logprobs(ref, batch, tc, temperature) if ref is not None else None
-    g = torch.Generator().manual_seed(step_seed(cfg.seed, step, "minibatch"))
-    per_domain: dict[str, dict[str, list]] = {}
-    for epoch in range(tc.ppo_epochs):
-        order = torch.randperm(len(batch), generator=g)
-        for rows in order.chunk(tc.minibatches):
-            mb = batch.select(rows)
-            mb_ref = ref_logp[rows] if ref_logp is not None else None
-            count = mb.mask.sum().clamp(min=1.0)
-            optimizer.zero_grad(set_to_none=True)
-            loss_sum, pstats = 0.0, {"clip_frac": 0.0, "ratio_mean": 0.0}
-            for piece in plan(mb, tc.micro_batch_tokens, tc.shared_prefix):
-                mask, targets, old_logp = piece.take(mb.mask), piece.take(mb.targets), piece.take(mb.old_logp)
-                adv, coef = mb.advantages[piece.rows], mb.kl_coef[piece.rows]
-                logits = piece_logits(policy, piece, piece.take(mb.input_ids))  # (b, S, V)
-                logp = token_logprobs(logits, targets, temperature)
-                loss, part = policy_loss(logp, old_logp, adv, mask, tc.clip_low, tc.clip_high, count)
-                piece_ref = piece.take(mb_ref) if mb_ref is not None else None
-                if piece_ref is not None:
-                    loss = loss + kl_penalty(logp, piece_ref, coef, mask, count)
-                loss.backward()
-                loss_sum += loss.item()
-                pstats = {k: pstats[k] + part[k] for k in pstats}
-                if epoch == 0:
-                    with torch.no_grad():
-                        domains = [mb.domains[i] for i in piece.rows.tolist()]
-                        kl = kl_k3(logp, piece_ref) if piece_ref is not None else torch.zeros_like(logp)
-                        add_domain_stats(per_domain, domains, mask, {
-                            "kl": kl, "entropy": token_entropy(logits, temperature),
-                            "clip_frac": clipped_tokens(logp, old_logp, adv, tc.clip_low, tc.clip_high)})
-            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), tc.max_grad_norm)
-            optimizer.step()
-    policy.eval()
-    out = {"grad_norm": grad_norm.item(), "loss": loss_sum, "ratio_mean": pstats["ratio_mean"]}
-    for d, acc in per_domain.items():
-        n = max(sum(acc["tokens"]), 1.0)
-        out[d] = {k: sum(acc[k]) / n for k in ("kl", "entropy", "clip_frac")}
-    return out
-
-
-@torch.no_grad()
-def reference_logprobs(ref, batch, tc, temperature: float) -> torch.Tensor:
-    """(B, T) the reference policy's logprobs of the batch's targets, in the batch's layout."""
-    out = torch.zeros_like(batch.old_logp)
-    for piece in plan(batch, tc.micro_batch_tokens, tc.shared_prefix):
-        logits = piece_logits(ref, piece, piece.take(batch.input_ids))
-        piece.put(out, token_logprobs(logits, piece.take(batch.targets), temperature))
-    return out
-
-
-def add_domain_stats(per_domain: dict, domains: list[str], mask: torch.Tensor, values: dict[str, torch.Tensor]) -> None:
-    """Accumulate token-weighted sums of per-token values (b, S) over each domain's masked tokens."""
-    for d in set(domains):
-        m = mask * torch.tensor([x == d for x in domains], dtype=torch.float32)[:, None]
-        acc = per_domain.setdefault(d, {"kl": [], "entropy": [], "clip_frac": [], "tokens": []})
-        n = float(m.sum())
-        acc["tokens"].append(n)
-        for key, value in values.items():
-            acc[key].append(float((value * m).sum()))
-
-
 def step_metrics(step: int, groups: list[Group], flat: torch.Tensor, stats: dict, times: dict,
                  engine: dict | None = None) -> dict:
-    """The metrics.jsonl line of one step: global timings, the engine's counters for the
-    rollout (prefill computed vs cached, prefix hit rate, decode tokens, batch occupancy,
-    preemptions; engine/stats.py) when it keeps them, plus a block per domain."""
-    tokens = sum(len(c.token_ids) for g in groups for c in g.completions)
+    """The metrics.jsonl line of one step: global timings, the update's statistics (update()),
+    the engine's counters for the rollout (prefill computed vs cached, prefix hit rate,
+    decode tokens, batch occupancy, preemptions; engine/stats.py) when it keeps them, plus
+    a block per domain."""
+    tokens = sum(len(x.generated_ids) for g in groups for x in g.samples)
     record = {"step": step, "time": {k: round(v, 4) for k, v in times.items()},
               "tokens_per_s": round(tokens / max(times["rollout"], 1e-9), 1),
               "step_time": round(sum(times.values()), 4),
-              "loss": stats.get("loss"), "grad_norm": stats.get("grad_norm"), "domains": {}}
+              "loss": stats.get("loss"), "grad_norm": stats.get("grad_norm"),
+              "ratio_mean": stats.get("ratio_mean"), "clip_frac": stats.get("clip_frac"), "domains": {}}
     if engine:
         record["engine"] = engine
     for d in sorted({g.task.domain for g in groups}):
         idx = [i for i, g in enumerate(groups) if g.task.domain == d]
-        samples = [(s, c) for i in idx for s, c in zip(groups[i].scores, groups[i].completions)]
-        dstats = stats.get(d, {})
+        samples = [(s, x) for i in idx for s, x in zip(groups[i].scores, groups[i].samples)]
+        dstats = stats.get("domains", {}).get(d, {})
         record["domains"][d] = {
             "reward": sum(s.value for s, _ in samples) / len(samples),
-            "response_length": sum(len(c.token_ids) for _, c in samples) / len(samples),
-            "truncated": sum(c.finish_reason == "length" for _, c in samples) / len(samples),
+            "response_length": sum(len(x.generated_ids) for _, x in samples) / len(samples),
+            "truncated": sum(x.finish_reason == "length" for _, x in samples) / len(samples),
             "groups": len(idx),
             "dropped_zero_variance": int(sum(bool(flat[i]) for i in idx)),
             "kl": dstats.get("kl"), "entropy": dstats.get("entropy"), "clip_frac": dstats.get("clip_frac"),
@@ -295,11 +247,10 @@ def trajectory_records(step: int, groups: list[Group]) -> list[dict]:
     """One line per sample; an agent sample also carries its whole episode (calls, tool results)."""
     return [
         {"step": step, "task_id": g.task.id, "domain": g.task.domain, "group": gi, "sample": j,
-         "prompt": g.task.prompt, "prompt_ids": g.prompt_ids, "completion": c.text, "token_ids": c.token_ids,
-         "logprobs": [round(x, 5) for x in c.logprobs], "finish_reason": c.finish_reason,
-         "reward": s.value, "details": s.details, "weight_version": c.weight_version, "answer": g.task.answer,
-         **({"episode": g.episodes[j].result.to_json()} if g.episodes else {})}
-        for gi, g in enumerate(groups) for j, (c, s) in enumerate(zip(g.completions, g.scores))
+         "prompt": g.task.prompt, **x.record(), "token_ids": x.generated_ids,
+         "logprobs": [round(v, 5) for v in x.generated_logprobs], "finish_reason": x.finish_reason,
+         "reward": s.value, "details": s.details, "weight_version": x.weight_version, "answer": g.task.answer}
+        for gi, g in enumerate(groups) for j, (x, s) in enumerate(zip(g.samples, g.scores))
     ]
 
 

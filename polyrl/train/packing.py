@@ -62,7 +62,7 @@ class Piece:
 
 PASS_COST_TOKENS = 256
 """The fixed cost of one more forward/backward pass, in padded tokens: `plan` cuts pieces
-where the padding saved is worth more (measured with bench/update.py on the tiny model)."""
+where the padding saved is worth more (bench/update.py --pass-costs sweeps it)."""
 
 
 def plan(batch: TrainBatch, token_budget: int | None, share_prefix: bool = True) -> list[Piece]:

@@ -7,8 +7,8 @@
                            with its details, weight version (enough to re-score it)
       executions.jsonl     every code execution, replayable (`polyrl replay RUN_DIR ID`);
                            blobs/ holds the program text they share
-      flags.jsonl          suspicious reward patterns (polyrl/quality/quarantine.py); a
-                           quarantine list that rl_tasks[].quarantine can name
+      flags.jsonl          suspicious reward patterns (train/monitor.py); a quarantine
+                           list that rl_tasks[].quarantine can name (domains/quarantine.py)
       obs.sqlite           agent model calls, tool calls, budget events (`polyrl obs RUN_DIR`)
       eval/before.json     held-out evaluation of the base model
       eval/after.json      ... and of the trained one

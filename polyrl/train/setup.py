@@ -1,4 +1,4 @@
-"""Turn a validated RunConfig into live parts: model, tokenizer, domains, verifiers, sampling.
+"""Turn a validated RunConfig into live parts: domains, verifiers, sampling, the curriculum.
 
 Everything here is construction; the loop in loop.py only uses what this returns.
 """
@@ -7,23 +7,15 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, replace
-from pathlib import Path
 
-import torch
-
-from polyrl.config import RunConfig
+from polyrl.config import RLTask, RunConfig
 from polyrl.domains.base import Domain
 from polyrl.engine.base import SamplingParams
-from polyrl.models.hf_io import load_pretrained
-from polyrl.models.tokenizer import Tokenizer
-from polyrl.models.transformer import Transformer
 from polyrl.rewards.base import Verifier
 from polyrl.rewards.registry import get_verifier
 from polyrl.rl.curriculum import CapabilityCurriculum, CurveSettings
-from polyrl.rollout.dispatch import AgentRollout
+from polyrl.rollout.spec import AgentSpec, DomainSpec
 from polyrl.sandbox.execution_log import ExecutionLog
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def step_seed(seed: int, step: int, salt: str = "") -> int:
@@ -32,37 +24,13 @@ def step_seed(seed: int, step: int, salt: str = "") -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-def resolve_model_dir(path: str, log=print) -> Path:
-    if path == "builtin:tiny":
-        from polyrl.models.tiny import ensure_tiny_model
-
-        return ensure_tiny_model(log=log)
-    model_dir = Path(path).expanduser()
-    if not (model_dir / "config.json").exists():
-        raise FileNotFoundError(f"model.path {path!r}: not a Hugging Face model directory (no config.json); "
-                                f"use builtin:tiny or a local directory saved with save_pretrained")
-    return model_dir
-
-
-def load_policy(model_dir: Path, dtype: str) -> tuple[Transformer, Tokenizer]:
-    model, _ = load_pretrained(model_dir, dtype=DTYPES[dtype])
-    return model, Tokenizer.from_dir(model_dir)
-
-
 @dataclass
 class Domains:
-    """The run's domains, their verifiers and per-domain settings, keyed by domain name."""
+    """The run's domains, one spec each, and the verifiers they share by key (a verifier's
+    name, or name@domain when the domain gives it options)."""
 
-    domains: dict[str, Domain]
-    weights: dict[str, float]
-    verifier_of: dict[str, str]          # domain -> default verifier key
-    verifiers: dict[str, Verifier]       # verifier key -> live verifier (key: name, or name@domain with options)
-    kl_coef: dict[str, float]            # starting KL coefficient per domain
-    kl_target: dict[str, float | None]   # per-token KL target (adaptive coefficient), None = fixed
-    check_of: dict[str, str]             # domain -> independent check's verifier key (domains that have one)
-    sampling: dict[str, SamplingParams]  # rollout sampling per domain (seed set per step)
-    eval_sampling: dict[str, SamplingParams]
-    agents: AgentRollout                 # the domains that roll out as multi-turn episodes
+    specs: dict[str, DomainSpec]
+    verifiers: dict[str, Verifier]
 
     def close(self) -> None:
         for v in self.verifiers.values():
@@ -71,58 +39,54 @@ class Domains:
 
 def build_domains(cfg: RunConfig, execution_log: ExecutionLog | None = None) -> Domains:
     """Domains, verifiers and sampling of `cfg`; code executions are recorded in `execution_log`."""
-    from polyrl.domains.pack import PackDomain, load_pack, verifier_for
-    from polyrl.domains.registry import get_domain
-    from polyrl.quality.quarantine import QuarantinedDomain, drop_quarantined, read_quarantine
-
-    domains, weights, verifier_of, kl, sampling, eval_sampling = {}, {}, {}, {}, {}, {}
-    kl_target, check_of = {}, {}
-    names: set[str] = set()
-    agents = AgentRollout({}, {})
+    specs: dict[str, DomainSpec] = {}
     options: dict[str, tuple[str, dict]] = {}  # verifier key -> (name, options)
     for t in cfg.rl_tasks:
-        if t.pack:
-            loaded = load_pack(t.pack)
-            if loaded.errors:
-                lines = "\n".join(f"  {t.pack}:{e.line}: {e.message}" for e in loaded.errors[:10])
-                raise ValueError(f"task pack for domain {t.domain!r} has malformed lines:\n{lines}")
-            # Tasks train under the run file's name for the domain. A line that names its
-            # verifier keeps it; the others use the run file's reward, else their line
-            # domain's default (the domain's default when that is the pack's first line's).
-            default = t.reward or (verifier_for(loaded.tasks[0][1]) if loaded.tasks else "answer_verify")
-            tasks = [replace(task, domain=t.domain,
-                             verifier=task.verifier or (None if t.reward or verifier_for(task) == default
-                                                        else verifier_for(task)))
-                     for _, task in loaded.tasks]
-            if t.quarantine:
-                tasks = drop_quarantined(tasks, t.quarantine)
-            names |= {task.verifier for task in tasks if task.verifier}
-            domain = PackDomain(t.domain, tasks, default)
-        else:
-            domain = get_domain(t.domain)
-            if t.quarantine:
-                domain = QuarantinedDomain(domain, read_quarantine(t.quarantine))
-        domains[t.domain] = domain
-        weights[t.domain] = t.weight
+        domain, named = _source(t)
         name = t.reward or domain.default_verifier
-        verifier_of[t.domain] = f"{name}@{t.domain}" if t.reward_options else name
-        options[verifier_of[t.domain]] = (name, t.reward_options)
+        key = f"{name}@{t.domain}" if t.reward_options else name
+        options[key] = (name, t.reward_options)
         check = t.check or getattr(domain, "default_check", None)
         if check:
-            check_of[t.domain] = check
             options.setdefault(check, (check, {}))
+        options.update((n, (n, {})) for n in named if n not in options)
         toolbox = getattr(domain, "toolbox", None)  # a domain with tools rolls out as episodes
-        if toolbox is not None:
-            agents.toolbox_for[t.domain], agents.max_steps[t.domain] = toolbox, t.max_steps
-        kl[t.domain] = cfg.trainer.kl_coef if t.kl_coef is None else t.kl_coef
-        kl_target[t.domain] = t.kl_target
         max_tokens = t.max_tokens or cfg.engine.max_tokens
-        sampling[t.domain] = SamplingParams(temperature=cfg.engine.temperature, top_p=cfg.engine.top_p,
-                                            top_k=cfg.engine.top_k, max_tokens=max_tokens)
-        eval_sampling[t.domain] = replace(sampling[t.domain], max_tokens=cfg.eval.max_tokens or max_tokens)
-    options.update((n, (n, {})) for n in names if n not in options)
+        sampling = SamplingParams(temperature=cfg.engine.temperature, top_p=cfg.engine.top_p,
+                                  top_k=cfg.engine.top_k, max_tokens=max_tokens)
+        specs[t.domain] = DomainSpec(
+            name=t.domain, source=domain, weight=t.weight, verifier=key, check=check or None, sampling=sampling,
+            eval_sampling=replace(sampling, max_tokens=cfg.eval.max_tokens or max_tokens),
+            kl_coef=cfg.trainer.kl_coef if t.kl_coef is None else t.kl_coef, kl_target=t.kl_target,
+            agent=AgentSpec(toolbox, t.max_steps) if toolbox is not None else None)
     verifiers = {key: _verifier(name, opts, execution_log) for key, (name, opts) in sorted(options.items())}
-    return Domains(domains, weights, verifier_of, verifiers, kl, kl_target, check_of, sampling, eval_sampling, agents)
+    return Domains(specs, verifiers)
+
+
+def _source(t: RLTask) -> tuple[Domain, set[str]]:
+    """The domain of an rl_tasks entry, and the verifiers its tasks name for themselves."""
+    from polyrl.domains.pack import PackDomain, load_pack, verifier_for
+    from polyrl.domains.quarantine import QuarantinedDomain, drop_quarantined, read_quarantine
+    from polyrl.domains.registry import get_domain
+
+    if not t.pack:
+        domain = get_domain(t.domain)
+        return (QuarantinedDomain(domain, read_quarantine(t.quarantine)) if t.quarantine else domain), set()
+    loaded = load_pack(t.pack)
+    if loaded.errors:
+        lines = "\n".join(f"  {t.pack}:{e.line}: {e.message}" for e in loaded.errors[:10])
+        raise ValueError(f"task pack for domain {t.domain!r} has malformed lines:\n{lines}")
+    # Tasks train under the run file's name for the domain. A line that names its
+    # verifier keeps it; the others use the run file's reward, else their line
+    # domain's default (the domain's default when that is the pack's first line's).
+    default = t.reward or (verifier_for(loaded.tasks[0][1]) if loaded.tasks else "answer_verify")
+    tasks = [replace(task, domain=t.domain,
+                     verifier=task.verifier or (None if t.reward or verifier_for(task) == default
+                                                else verifier_for(task)))
+             for _, task in loaded.tasks]
+    if t.quarantine:
+        tasks = drop_quarantined(tasks, t.quarantine)
+    return PackDomain(t.domain, tasks, default), {task.verifier for task in tasks if task.verifier}
 
 
 def build_curriculum(cfg: RunConfig, weights: dict[str, float]) -> CapabilityCurriculum | None:

@@ -1,1 +1,2 @@
-"""Model execution for the paged engine: the KV pool, paged attention, the step runner."""
+"""Model execution for the paged engine: the KV pool, paged attention, the decode cache,
+the decode backends (fused kernels or the model's forward), the step runner."""

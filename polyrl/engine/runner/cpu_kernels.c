@@ -53,7 +53,7 @@ void rms_norm(const float *restrict x, const float *restrict w, float *restrict 
 /* out = silu(gate) * up = gate / (1 + exp(-gate)) * up, where gu rows are [gate (inter) | up (inter)].
    Two loops on purpose: fused into one, gcc vectorises fast_exp's clamp as a select and
    computes the division on both arms, and the clamped arm (gate / e^88) makes subnormal
-   floats for ordinary gates, which cost this CPU a microcode assist each: 2.6x slower. */
+   floats for ordinary gates, each of which can cost x86 CPUs a microcode assist. */
 void silu_mul(const float *restrict gu, float *restrict out, int64_t rows, int64_t inter) {
     for (int64_t i = 0; i < rows; i++) {
         const float *g = gu + i * 2 * inter, *u = g + inter;
@@ -251,11 +251,11 @@ void cache_to_pool(const float *restrict kc, const float *restrict vc, int64_t l
 
 /* ---- The whole decode pass in one call (models whose weights are all small) ----
 
-   Python's loop over layers costs 0.2 to 0.4 ms a pass in operator dispatch
-   (bench/decode_pass.py), up to a fifth of the built-in model's pass. decode_pass runs the same chain, embedding to
-   logits, in one call: the matrix products go to the BLAS sgemm (Fortran interface,
-   column-major) whose address the caller passes, the same routine torch.mm reaches on
-   CPU builds with MKL; the rest are the kernels above. */
+   Python's loop over layers pays an operator dispatch per call, a sizeable share of a
+   small model's pass. decode_pass runs the same chain, embedding to logits, in one call:
+   the matrix products go to the BLAS sgemm (Fortran interface, column-major) whose
+   address the caller passes, the same routine torch.mm reaches on CPU builds with MKL;
+   the rest are the kernels above. */
 
 typedef void (*sgemm_fn)(const char *transa, const char *transb, const int *m, const int *n, const int *k,
                          const float *alpha, const float *a, const int *lda, const float *b, const int *ldb,
@@ -314,7 +314,7 @@ void decode_pass(const struct decode_args *a) {
     product(a->sgemm, a->h, a->whead, a->bhead, a->logits, S, D, a->V, 0.0f);
 }
 
-/* A decode burst (model_runner.py): up to K passes back to back, each sampling (sample_rows,
+/* A decode burst (decode_backend.py): up to K passes back to back, each sampling (sample_rows,
    noise u (K, S)) the next pass's input tokens, until every sequence has sampled a stop id
    (stop (S, m), padded with -1) or reached its last kept pass (keep (S,)). a->ids holds the
    first pass's tokens; pos (K, S) the positions. Writes tokens and logprobs (K, S) and

@@ -4,8 +4,8 @@ The source is compiled with the system C compiler ($CC, else `cc`) for this mach
 CPU (-march=native) into the polyrl cache (POLYRL_CACHE, as for the tiny models). The
 file is named by a hash of the source, the flags, the compiler's version and the CPU's
 feature flags, so a cache shared between machines never runs code built for another
-CPU. Loading is through ctypes: no Python headers, no PyTorch headers, a one-second
-build.
+CPU. Loading is through ctypes: no Python headers and no PyTorch headers, so the build
+is one short compiler call.
 
 The flags allow what the kernels need to vectorise and nothing that changes results:
 -fopenmp-simd honours their `omp simd` reductions without linking an OpenMP runtime,
@@ -95,7 +95,7 @@ def _build_and_load() -> ctypes.CDLL | str:
     except (OSError, subprocess.SubprocessError) as e:
         return f"C compiler {cc!r} does not run: {e}"
     key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu_flags()]).encode())
-    from polyrl.models.tiny import cache_dir  # here, not at import: it pulls in the tiny model's builder
+    from polyrl.cache import cache_dir
 
     target = cache_dir() / "kernels" / f"cpu_kernels-{key.hexdigest()[:16]}.so"
     if not target.exists():

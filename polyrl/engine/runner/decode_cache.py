@@ -1,20 +1,22 @@
 """A contiguous copy of the decoding sequences' K/V, so decode attention needs no gather.
 
 Gathering every decoding sequence's blocks into contiguous keys, in every layer of
-every step, moves the whole context through memory once per token: on CPU that cost
-as much as the attention itself. This cache keeps one row per decoding sequence,
+every step, moves the whole context through memory once per token, as much traffic as
+the attention itself. This cache keeps one row per decoding sequence,
 (layers, rows, n_kv, L, hd), filled from the pool once when the sequence starts
-decoding (layer by layer, after the step's own writes to the pool); each step then
-writes the new token's K/V to both the pool (the source of truth: prefix cache,
-preemption) and the row, and attention reads the rows in place.
+decoding; each step then writes the new token's K/V to the row, and to the pool (the
+source of truth: prefix cache, preemption) either in the same pass (the model's
+forward) or at the end of a burst (`write_back`, the fused pass), and attention reads
+the rows in place. `decode_rows` gives both decode paths where K passes read and write.
 
 A row belongs to one admission of one sequence; a sequence that is not decoding in a
 step (finished, preempted, or left out by the token budget) loses its row and is
 refilled from the pool if it decodes again. Rows are reused lowest first and
 compacted when more than half are holes.
 
-Out of scope: bounding its memory other than by max_num_seqs (turn it off with
-PagedConfig.contiguous_decode), prefill chunks (they gather from the pool).
+Out of scope: bounding its memory other than by max_num_seqs (a runner built with
+decode_cache=False has none, and decodes on the model's forward over the pool's
+blocks), prefill chunks (they gather from the pool).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from polyrl.engine.runner.paged_attention import KVPool
+from polyrl.engine.runner.paged_attention import AttnGroup, KVPool, additive_mask
 from polyrl.engine.sequence import Sequence
 
 
@@ -37,6 +39,23 @@ class PendingFill:
     tables: Tensor
     span: int
     length: int
+
+
+@dataclass(frozen=True)
+class DecodeRows:
+    """Where K decode passes of S sequences read and write the decode cache."""
+
+    rows: Tensor  # (S,) row of each sequence
+    num_rows: int  # R: attention runs over rows [0, R)
+    identity: bool  # rows == arange(S) and R == S
+    masks: Tensor  # (K, R, 1, 1, L) additive: at pass k, row r sees its positions < its context
+    write_index: Tensor  # (K, S * n_kv) flat (row, head, position) of each pass's new keys
+    fill: PendingFill | None  # fresh rows, filled from the pool in the first pass
+
+    def group(self, k: int, q_index: Tensor | None = None) -> AttnGroup:
+        """Pass k's attention group; q_index (S,) as in AttnGroup (also its out_rows)."""
+        return AttnGroup(self.masks[k], q_index, q_index, rows=self.rows, write_index=self.write_index[k],
+                         num_rows=self.num_rows, identity=self.identity, fill=self.fill if k == 0 else None)
 
 
 class DecodeCache:
@@ -72,6 +91,21 @@ class DecodeCache:
         pending = self._assign(fresh) if fresh else None
         return torch.tensor([self.row_of[k] for k in keys], dtype=torch.long), len(self.owner), pending
 
+    def decode_rows(self, seqs: list[Sequence], pos: Tensor) -> DecodeRows:
+        """Rows, masks and write positions of K passes over `seqs`, whose input positions
+        are pos (K, S) (rows_for with room for the K - 1 passes after the first)."""
+        K = pos.shape[0]
+        rows, R, fill = self.rows_for(seqs, lookahead=K - 1)
+        ctx = torch.ones(K, R, dtype=torch.long)  # rows of other sequences see their position 0
+        ctx[:, rows] = pos + 1
+        L = int(ctx.max())
+        masks = additive_mask(torch.arange(L)[None, None, :] < ctx[:, :, None], self.pool.k.dtype)  # (K, R, 1, 1, L)
+        identity = R == len(seqs) and bool((rows == torch.arange(R)).all())
+        _, _, n_kv, L_cap, _ = self.k.shape
+        heads = rows[:, None] * n_kv + torch.arange(n_kv)[None, :]  # (S, n_kv)
+        write = (heads[None] * L_cap + pos[:, :, None]).view(K, -1)  # (K, S * n_kv)
+        return DecodeRows(rows, R, identity, masks, write, fill)
+
     def _assign(self, fresh: list[tuple[Sequence, tuple[int, int]]]) -> PendingFill:
         bs = self.pool.block_size
         rows = []
@@ -97,8 +131,8 @@ class DecodeCache:
 
     def write_back(self, rows: Tensor, positions: Tensor, slots: Tensor, lib=None) -> None:
         """Copy the K/V at positions (P, S) of rows (S,) to the pool's slots (P, S), every
-        layer at once: a decode burst writes its new K/V to the rows only, and the pool once
-        at its end. With the fused kernels' `lib` (float32), one C call does the copies."""
+        layer at once: the fused pass writes a burst's new K/V to the rows only, and the pool
+        once at its end. With the fused kernels' `lib` (float32), one C call does the copies."""
         r = rows[None, :].expand_as(positions).reshape(-1)  # (P * S,)
         if (lib is not None and self.k.dtype == self.pool.k.dtype == torch.float32 and self.k.is_contiguous()
                 and self.pool.k.is_contiguous()):

@@ -1,34 +1,33 @@
 """The engine's decode pass on fused CPU kernels (cpu_kernels.c) and matrix products.
 
 A decode pass of the trainer's Transformer is about thirty PyTorch operators per layer;
-for a small model on a few cores their dispatch and memory passes cost more than the
-arithmetic (bench/engine.py's "unfused" engine is that path). This pass computes the
-same function with, per layer, four products (q/k/v fused, o, gate/up fused, down) and
-three kernel calls (RMSNorm; RoPE + K/V write + attention over the decode-cache row;
-SiLU-and-multiply), and samples in one more call. It reads the model's own norm and embedding tensors and
-large layers; small projection weights get fused, transposed copies (_Product), which
-`refresh()` rebuilds after every weight update.
+for a small model on a few cores their dispatch and memory passes outweigh the
+arithmetic. This pass computes the same function with, per layer, four products (q/k/v
+fused, o, gate/up fused, down) and three kernel calls (RMSNorm; RoPE + K/V write +
+attention over the decode-cache row; SiLU-and-multiply), and samples in one more call.
+It reads the model's own norm and embedding tensors and large layers; small projection
+weights get fused, transposed copies (_Product), which `refresh()` rebuilds after every
+weight update.
 
 When every weight has such a copy (a small model, like the built-in one) and the torch
 build exports BLAS sgemm (MKL builds do), the layer loop itself runs in C: one
 `decode_pass` call per pass, embedding to logits, instead of about ten Python-side
-calls per layer. That is the same arithmetic, bit for bit (sgemm is what torch.mm
-calls), and 1.17 to 1.29x faster for the built-in model at 32 rows
-(bench/decode_pass.py); `burst` runs a whole decode burst, sampling included, in one
-call. Otherwise the loop runs here in Python, as for large models whose products go
-through oneDNN-packed weights (packed_linear.py).
+calls per layer, which removes their dispatch. That is the same arithmetic, bit for bit
+(sgemm is what torch.mm calls); `burst` runs a whole decode burst, sampling included,
+in one call. Otherwise the loop runs here in Python, as for large models whose products
+go through oneDNN-packed weights (packed_linear.py). bench/decode_pass.py times the
+parts of a pass and the two loops.
 
 Equivalence with the model's forward pass is tested (tests/test_engine_fused.py):
 logits agree to float32 rounding, greedy decoding gives the same tokens, and the
 engine's logprobs match the trainer's recomputation. The arithmetic is not bit-identical
-(other summation orders, a polynomial exp), so the engine runs every decode step
-through this pass when it is on, never a mix, and prefill chunks always through the
-model's forward.
+(other summation orders, a polynomial exp), so an engine whose decode backend is this
+pass (decode_backend.py) runs every decode step through it, never a mix, and prefill
+chunks always through the model's forward.
 
 Used when the model is float32 on CPU, of the plain Llama/Qwen2 shape (q/k/v biases
-allowed; no q/k norms), with the decode cache on and the kernels built
-(cpu_kernels.load). Otherwise `unsupported` names the reason and the runner keeps to
-the model's forward.
+allowed; no q/k norms), with a decode cache and the kernels built (cpu_kernels.load).
+Otherwise `unsupported` names the reason and the engine keeps to the model's forward.
 """
 
 from __future__ import annotations
@@ -103,7 +102,7 @@ class _Product:
 class FusedDecoder:
     def __init__(self, model: Transformer, cache: DecodeCache, lib: ctypes.CDLL, whole_pass: bool = True) -> None:
         """whole_pass=False keeps to the layer loop in Python even where decode_pass could
-        run (tests and bench/decode_pass.py compare the two)."""
+        run (tests pin the two equal; bench/decode_pass.py times both)."""
         reason = unsupported(model)
         assert reason is None, reason
         self.model, self.cache, self.lib, self.whole_pass = model, cache, lib, whole_pass

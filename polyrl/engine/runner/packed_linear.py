@@ -1,14 +1,14 @@
 """oneDNN-packed weights for the engine's large linear layers (CPU, float32).
 
 A decode step multiplies a few dozen rows by every weight matrix. For such skinny
-products, MKL's sgemm (what `F.linear` calls on CPU) often runs at half the machine's
-matmul rate on large weights, 40-60 GFLOP/s on a 768 x 16384 head here, while oneDNN,
-with the weight reordered once into its blocked layout, runs them at 80-110
-(bench/engine.py measures both). So the engine swaps every large `nn.Linear` of its own
+products on large weights, MKL's sgemm (what `F.linear` calls on CPU) stays well below
+the machine's matmul rate, while oneDNN, with the weight reordered once into its
+blocked layout, comes much closer (bench/engine.py's machine bound times both kernels).
+So the engine swaps every large `nn.Linear` of its own
 model copy for a `PackedLinear`: the very same weight Parameter (state_dict names,
 `update_weights` and the trainer's view of the model are unchanged) plus the packed
 copy, which `repack()` refreshes after the weights change. Small layers stay with
-F.linear, which is as fast or faster there. The model's forward code is untouched.
+F.linear, which does as well there. The model's forward code is untouched.
 
 Out of scope: GPUs (the vLLM backend), other dtypes (bf16 packing needs AVX512-BF16 or
 AMX), autograd (the engine runs under inference mode), int8.
@@ -21,7 +21,7 @@ import torch.nn as nn
 from torch import Tensor
 
 MIN_PACKED_ELEMENTS = 1 << 17
-"""Weights with fewer elements stay with F.linear (the built-in tiny model's all do: at most 65k)."""
+"""Weights with fewer elements stay with F.linear (the built-in tiny model's all do)."""
 
 
 class PackedLinear(nn.Module):

@@ -14,7 +14,9 @@ token, a prefill chunk many. For each layer the backend
 
 Decodes (T = 1) and prefill chunks (T > 1) form separate groups so that one long
 prompt does not pad every decode to its length. A step of only decodes needs no
-query regrouping at all.
+query regrouping at all. Decodes read their keys from the decode cache's contiguous
+rows when the runner keeps one (decode_cache.py), else from the pool's blocks;
+`decode_groups` builds either.
 
 Out of scope: custom kernels (flash/paged attention on GPU are vLLM's business),
 sliding windows, KV quantization.
@@ -23,10 +25,13 @@ sliding windows, KV quantization.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence as Seq
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from polyrl.engine.sequence import Sequence
 
 
 class KVPool:
@@ -89,10 +94,23 @@ class PagedAttention:
     def __init__(self, pool: KVPool, decode_cache=None) -> None:
         self.pool = pool
         self.decode_cache = decode_cache  # DecodeCache | None
-        self.slot_mapping: Tensor | None = torch.zeros(0, dtype=torch.long)  # (N,)
-        """Pool slot of each new token; None: leave the pool alone (a decode burst writes only
-        the decode-cache rows and copies them to the pool at its end, DecodeCache.write_back)."""
+        self.slot_mapping: Tensor = torch.zeros(0, dtype=torch.long)  # (N,)
+        """Pool slot of each new token (the scratch slot where the block is shared and cached)."""
         self.groups: list[AttnGroup] = []
+
+    def decode_groups(self, seqs: Seq[Sequence], pos: Tensor, q_index: Tensor | None = None) -> list[AttnGroup]:
+        """One decode group per pass of K passes over `seqs`, whose input positions are pos
+        (K, S): over the decode cache's rows when there is one, else over the pool's blocks.
+        q_index (S,): the packed token of each sequence in a step that also runs prefill
+        chunks (then out_rows too); None: the step's tokens are these sequences, in order."""
+        K = pos.shape[0]
+        if self.decode_cache is not None:
+            rows = self.decode_cache.decode_rows(seqs, pos)
+            return [rows.group(k, q_index) for k in range(K)]
+        tables = block_tables(seqs)  # (S, nb)
+        L = tables.shape[1] * self.pool.block_size
+        masks = additive_mask(torch.arange(L) <= pos[:, :, None], self.pool.k.dtype)  # (K, S, 1, 1, L)
+        return [AttnGroup(masks[k], q_index, q_index, block_tables=tables) for k in range(K)]
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         # q: (1, nh, N, hd); k, v: (1, n_kv, N, hd), the step's new tokens packed in one row.
@@ -102,9 +120,8 @@ class PagedAttention:
         kf, vf = k[0].transpose(0, 1), v[0].transpose(0, 1)  # (N, n_kv, hd)
         k_pool = self.pool.k[layer]  # (blocks + 1, bs, n_kv, hd)
         v_pool = self.pool.v[layer]
-        if self.slot_mapping is not None:
-            k_pool.view(-1, n_kv, hd).index_copy_(0, self.slot_mapping, kf)
-            v_pool.view(-1, n_kv, hd).index_copy_(0, self.slot_mapping, vf)
+        k_pool.view(-1, n_kv, hd).index_copy_(0, self.slot_mapping, kf)
+        v_pool.view(-1, n_kv, hd).index_copy_(0, self.slot_mapping, vf)
         qf = q[0].transpose(0, 1)  # (N, nh, hd)
         out = None
         for g in self.groups:
@@ -157,7 +174,7 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> Tensor:
     The nh / n_kv query heads that share a kv head are that head's queries (S * n_kv,
     rep, hd): no GQA expansion. Two batched products and a softmax, not SDPA: CPU SDPA's
     flash kernel tiles for long query blocks, and with one query per sequence its
-    per-(batch, head) set-up cost 2 to 3 times these three calls (bench/engine.py).
+    per-(batch, head) set-up outweighs these three calls.
     """
     S, nh, hd = q.shape
     _, n_kv, L, _ = k.shape
@@ -166,3 +183,14 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> Tensor:
                            k.reshape(S * n_kv, L, hd).transpose(1, 2), alpha=hd ** -0.5)  # (S * n_kv, rep, L)
     y = torch.bmm(scores.softmax(-1), v.reshape(S * n_kv, L, hd))  # (S * n_kv, rep, hd)
     return y.view(S, nh, hd)
+
+
+def block_tables(seqs: Seq[Sequence]) -> Tensor:
+    """(S, nb) long: each sequence's block table, padded with block 0 (masked off) to the longest."""
+    nb = max(len(s.block_table) for s in seqs)
+    return torch.tensor([s.block_table + [0] * (nb - len(s.block_table)) for s in seqs], dtype=torch.long)
+
+
+def additive_mask(visible: Tensor, dtype: torch.dtype) -> Tensor:
+    """(..., S, L) bool -> (..., S, 1, 1, L) additive mask in the model dtype: 0 where visible, -inf elsewhere."""
+    return torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))[..., None, None, :]

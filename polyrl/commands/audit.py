@@ -79,7 +79,7 @@ def main(args: argparse.Namespace) -> int:
     else:
         print(format_text(result))
     if args.write_quarantine:
-        from polyrl.quality.quarantine import write_quarantine
+        from polyrl.domains.quarantine import write_quarantine
 
         failing = [a.id for a in result.tasks if a.status == "fail" and a.id is not None]
         write_quarantine(args.write_quarantine, failing, f"tasks failing `polyrl audit` of {result.source}")

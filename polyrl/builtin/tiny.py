@@ -25,15 +25,12 @@ Out of scope: pretraining on natural text; the model only knows the built-in dom
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import inspect
 import json
 import math
-import os
 import random
 import re
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,6 +39,7 @@ from typing import Callable
 import torch
 
 from polyrl.agent.engine_model import Segment, training_tokens
+from polyrl.cache import build_once, cache_dir
 from polyrl.models.attention import DocumentCausalAttention
 from polyrl.models.config import ModelConfig
 from polyrl.models.hf_io import save_pretrained
@@ -78,12 +76,6 @@ class TinyRecipe:
     """Share of demonstrations per built-in domain."""
 
 
-def cache_dir() -> Path:
-    root = os.environ.get("POLYRL_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "polyrl")
-    return Path(root)
-
-
 def recipe_hash(recipe: TinyRecipe) -> str:
     from polyrl.agent import call_format, engine_model
     from polyrl.domains import agent, agent_world, alignment, code, math
@@ -96,22 +88,14 @@ def recipe_hash(recipe: TinyRecipe) -> str:
 
 
 def ensure_tiny_model(recipe: TinyRecipe = TinyRecipe(), log: Callable[[str], None] = print) -> Path:
-    """Path of the cached tiny model directory, building it first if needed (one process builds,
-    concurrent callers wait on a file lock)."""
+    """Path of the cached tiny model directory, building it first if needed (once per recipe)."""
     target = cache_dir() / f"tiny-{recipe_hash(recipe)}"
-    if (target / "model.safetensors").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / ".build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / "model.safetensors").exists():
-            return target
-        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    def build(tmp: Path) -> None:
         log(f"building the built-in tiny base model (once; cached at {target})")
         build_tiny_model(recipe, tmp, log)
-        os.replace(tmp, target)
-    return target
+
+    return build_once(target, "model.safetensors", build)
 
 
 # ---------------------------------------------------------------- data
@@ -278,7 +262,7 @@ def build_tiny_model(recipe: TinyRecipe, out_dir: Path, log: Callable[[str], Non
     card = {"recipe": asdict(recipe), "parameters": n_params, "final_loss": round(loss.item(), 4),
             "build_seconds": round(time.time() - start, 1),
             "trained_on": "demonstrations of the built-in math, code, agent and alignment domains' train splits from a "
-                          "noisy teacher (see polyrl/models/tiny.py)"}
+                          "noisy teacher (see polyrl/builtin/tiny.py)"}
     (out_dir / "polyrl_recipe.json").write_text(json.dumps(card, indent=2))
     log(f"  built in {card['build_seconds']:.0f}s, final SFT loss {card['final_loss']}")
 

@@ -129,7 +129,7 @@ def _model_factory(args: argparse.Namespace) -> Callable[[], list[ModelSlot]]:
     from polyrl.engine.base import SamplingParams
     from polyrl.config import EngineConfig
     from polyrl.engine.factory import build_engine
-    from polyrl.train.setup import load_policy, resolve_model_dir
+    from polyrl.models.loading import load_policy, resolve_model_dir
 
     model_dir = resolve_model_dir(args.model, log=lambda m: print(m, file=sys.stderr))
     model, tokenizer = load_policy(model_dir, "float32")
