@@ -181,7 +181,7 @@ def main() -> None:
     print(f"machine: matmul {bound['flops'] / 1e9:.1f} GFLOP/s, memory bandwidth {bound['bw'] / 1e9:.1f} GB/s "
           f"(threads={args.threads})")
     batches = [int(b) for b in args.batches.split(",")]
-    for name in args.models.split(","):
+    for name in filter(None, args.models.split(",")):  # --models "": only the GRPO and RL-step parts
         model_dir = make_model_dir(name, Path(args.workdir), builtin=not args.random_weights)
         runs = throughput(name, model_dir, batches, args, VLLM_PY if VLLM_PY.exists() else None)
         median_table(name, model_dir, runs, batches, bound)

@@ -10,6 +10,7 @@ import copy
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -115,13 +116,17 @@ def ceiling(cfg: ModelConfig, params: int, batch: int, bound: dict) -> float:
 
 class Worker:
     """A persistent peer process (bench/engine.py --worker KIND) timing generate requests
-    sent as JSON lines: send() a request, then receive() its {seconds, tokens}."""
+    sent as JSON lines: send() a request, then receive() its {seconds, tokens}.
+
+    An idle peer is not always idle: vLLM CPU's processes keep cores busy between requests
+    and slowed every engine timed beside them. So a peer can be paused (SIGSTOP to its
+    process group) while the others run, and resumed for its own turn."""
 
     def __init__(self, kind: str, python: Path | str, model_dir: Path, threads: int, env: dict | None = None) -> None:
         self.proc = subprocess.Popen([str(python), str(Path(__file__).with_name("engine.py")), "--worker", kind,
                                       "--model-dir", str(model_dir), "--threads", str(threads)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     env=dict(os.environ, **(env or {})), cwd="/tmp")
+                                     env=dict(os.environ, **(env or {})), cwd="/tmp", start_new_session=True)
         for line in self.proc.stdout:
             if line.strip() == "READY":
                 break
@@ -139,7 +144,14 @@ class Worker:
         self.send(prompts, max_tokens)
         return self.receive()
 
+    def pause(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGCONT)
+
     def close(self) -> None:
+        self.resume()
         self.proc.stdin.close()
         self.proc.wait(timeout=60)
 
@@ -208,6 +220,7 @@ def throughput(name: str, model_dir: Path, batches: list[int], args, vllm_python
     if vllm_python is not None and not args.skip_vllm:
         try:
             vllm = vllm_worker(vllm_python, model_dir, args.threads)
+            vllm.pause()
         except Exception as e:  # a missing peer is reported, not fatal
             print(f"vLLM CPU unavailable: {e}")
     print(f"\n== {name}: {n_params(model) / 1e6:.1f}M parameters, prompts {PROMPT_LEN} tokens, {NEW_TOKENS} sampled")
@@ -221,8 +234,11 @@ def throughput(name: str, model_dir: Path, batches: list[int], args, vllm_python
                 results["hf"] = hf_generate(hf, prompts)
             if hf_dp is not None:
                 results["hf-dp"] = hf_dp.generate(prompts, NEW_TOKENS)
-            if vllm is not None:
+            if vllm is not None:  # its turn: awake only while it is timed
+                vllm.resume()
+                vllm.generate(prompts[:2], 4)  # untimed: its processes back on their cores
                 results["vllm"] = vllm.generate(prompts, NEW_TOKENS)
+                vllm.pause()
             if rep < 0:
                 continue
             line = []
