@@ -45,8 +45,7 @@ def child(steps: int, native: dict) -> dict:
     from polyrl.rl.curriculum import allocate
     from polyrl.models.loading import load_policy, resolve_model_dir
     from polyrl.rollout.dispatch import Rollout
-    from polyrl.train.loop import draw_tasks, rollout_sampling
-    from polyrl.train.setup import build_domains
+    from polyrl.train.setup import build_domains, draw_tasks, rollout_sampling
     import polyrl
 
     cfg = load_config(Path(polyrl.__file__).parent / "configs" / "quickstart.yaml")

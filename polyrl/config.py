@@ -10,11 +10,16 @@ Every default lives in the field definitions below; a run file only states what 
 Out of scope: command-line overrides and what a field means at run time (the trainer,
 engine and domains own that); this file only checks that a run file is well formed and
 names things that exist (domains, verifiers, pack files). Turning pydantic errors into
-these messages, and finding their YAML lines, is polyrl/config_messages.py.
+these messages, finding their YAML lines, and refusing YAML no loader should expand (alias
+bombs, recursive aliases, integers of thousands of digits) is polyrl/config_messages.py;
+the checks against the world outside the file (which verifier grades which domain, packs
+that must load whole with held-out tasks, verifier options, the model directory) are
+polyrl/config_checks.py. Every number is finite and within the limits its docstring states.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
@@ -23,8 +28,13 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
-from polyrl.config_messages import did_you_mean, dotted, duplicate_keys, explain, line_for, show
+from polyrl.config_checks import MAX_SAMPLES_PER_STEP, fit_problems, model_problem, option_problems, pack_problems
+from polyrl.config_messages import (
+    MAX_RUN_FILE_BYTES, Refused, SafeRunLoader, did_you_mean, dotted, duplicate_keys, explain, line_for,
+    refuse_expansion, show,
+)
 from polyrl.engine.config import NativeEngineConfig
+from polyrl.pipeline.scheduler import SchedulerConfig
 
 __all__ = [
     "ConfigError",
@@ -41,7 +51,9 @@ __all__ = [
     "default_config",
 ]
 
-_STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+_STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True, allow_inf_nan=False)
+"""Unknown keys are errors, and so are inf and nan: a number of the run file is finite and within
+the limits its field's docstring states."""
 
 
 # ---------------------------------------------------------------------------- schema
@@ -56,28 +68,29 @@ class RLTask(BaseModel):
     """built-in domain name (math, code, ...), or any name when `pack` is given"""
     reward: str | None = None
     """verifier name (answer_verify, unit_test_pass, ...); null = the domain's default"""
-    weight: float = Field(gt=0)
-    """relative share of training prompts drawn from this domain"""
+    weight: float = Field(gt=0, le=1e6)
+    """relative share of training prompts drawn from this domain (at most 1e6)"""
     pack: str | None = None
     """JSONL task pack; a relative path is resolved against the run file's directory"""
     quarantine: str | None = None
     """file of task ids to leave out of training (one per line, or JSONL with id/task_id, such as
     `polyrl audit --write-quarantine` output or a run's flags.jsonl); relative to the run file like `pack`"""
-    kl_coef: float | None = Field(None, ge=0)
-    """per-domain override of trainer.kl_coef; null = use trainer.kl_coef"""
-    kl_target: float | None = Field(None, gt=0)
+    kl_coef: float | None = Field(None, ge=0, le=100)
+    """per-domain override of trainer.kl_coef (at most 100); null = use trainer.kl_coef"""
+    kl_target: float | None = Field(None, gt=0, le=100)
     """per-token KL to the reference this domain is driven toward by adapting its coefficient
     (starting from kl_coef, which must then be > 0); null = the coefficient stays fixed"""
-    max_tokens: int | None = Field(None, gt=0)
-    """per-domain override of engine.max_tokens (agent domains: per model call); null = use engine.max_tokens"""
+    max_tokens: int | None = Field(None, gt=0, le=2**20)
+    """per-domain override of engine.max_tokens (agent domains: per model call; at most 2**20);
+    null = use engine.max_tokens"""
     reward_options: dict[str, Any] = Field(default_factory=dict)
     """keyword options of this domain's verifier, e.g. {alpha: 0.02, beta: 1.0e-4} for success_minus_cost"""
     check: str | None = None
     """independent verifier scored on the same held-out completions (its mean is the eval's
     check_accuracy; the reward-hacking detector flags a reward that rises while it does not);
     null = the domain's default check (alignment: rule_check), if it has one"""
-    max_steps: int = Field(8, gt=0)
-    """agent domains: model calls an episode may make before it must answer"""
+    max_steps: int = Field(8, gt=0, le=10_000)
+    """agent domains: model calls an episode may make before it must answer (at most 10,000)"""
 
 
 class PolicyConfig(BaseModel):
@@ -102,14 +115,14 @@ class EngineConfig(BaseModel):
     """settings of the native engine (polyrl/engine/config.py)"""
     vllm: dict[str, Any] = Field(default_factory=dict)
     """extra keyword arguments of vllm.LLM (backend: vllm), e.g. gpu_memory_utilization: 0.2"""
-    max_tokens: int = Field(64, gt=0)
-    """maximum completion length in tokens; longer completions are truncated"""
-    temperature: float = Field(1.0, gt=0)
-    """sampling temperature for training rollouts"""
+    max_tokens: int = Field(64, gt=0, le=2**20)
+    """maximum completion length in tokens (at most 2**20); longer completions are truncated"""
+    temperature: float = Field(1.0, gt=0, le=100)
+    """sampling temperature for training rollouts (at most 100)"""
     top_p: float = Field(1.0, gt=0, le=1)
     """nucleus sampling mass; 1 = off"""
-    top_k: int = Field(0, ge=0)
-    """sample among the k most likely tokens; 0 = off"""
+    top_k: int = Field(0, ge=0, le=2**24)
+    """sample among the k most likely tokens; 0 = off (at most 2**24)"""
 
 
 class TrainerConfig(BaseModel):
@@ -117,32 +130,33 @@ class TrainerConfig(BaseModel):
 
     model_config = _STRICT
 
-    steps: int = Field(100, gt=0)
-    """number of optimizer steps (each one rollout batch)"""
-    prompts_per_step: int = Field(16, gt=0)
-    """prompts sampled per step, across all domains by weight"""
-    group_size: int = Field(8, ge=2)
-    """completions per prompt (G); advantages are relative within a group"""
-    lr: float = Field(1e-4, gt=0)
-    """AdamW learning rate"""
-    weight_decay: float = Field(0.0, ge=0)
-    """AdamW weight decay"""
-    max_grad_norm: float = Field(1.0, gt=0)
-    """gradient norm clip"""
-    clip_low: float = Field(0.2, ge=0)
-    """PPO ratio clip below: ratio >= 1 - clip_low"""
-    clip_high: float = Field(0.28, ge=0)
-    """PPO ratio clip above: ratio <= 1 + clip_high (DAPO clip-higher)"""
-    kl_coef: float = Field(0.0, ge=0)
-    """KL penalty to the reference policy; 0 = no reference model is kept"""
-    kl_horizon: int = Field(10000, gt=0)
+    steps: int = Field(100, gt=0, le=10**8)
+    """number of optimizer steps (each one rollout batch; at most 10**8)"""
+    prompts_per_step: int = Field(16, gt=0, le=65536)
+    """prompts sampled per step, across all domains by weight (at most 65,536; and
+    prompts_per_step * group_size at most 2**20 samples)"""
+    group_size: int = Field(8, ge=2, le=4096)
+    """completions per prompt (G); advantages are relative within a group (at most 4,096)"""
+    lr: float = Field(1e-4, gt=0, le=1)
+    """AdamW learning rate (at most 1)"""
+    weight_decay: float = Field(0.0, ge=0, le=10)
+    """AdamW weight decay (at most 10)"""
+    max_grad_norm: float = Field(1.0, gt=0, le=1e6)
+    """gradient norm clip (at most 1e6)"""
+    clip_low: float = Field(0.2, ge=0, le=1)
+    """PPO ratio clip below: ratio >= 1 - clip_low (at most 1)"""
+    clip_high: float = Field(0.28, ge=0, le=100)
+    """PPO ratio clip above: ratio <= 1 + clip_high (DAPO clip-higher; at most 100)"""
+    kl_coef: float = Field(0.0, ge=0, le=100)
+    """KL penalty to the reference policy; 0 = no reference model is kept (at most 100)"""
+    kl_horizon: int = Field(10000, gt=0, le=10**12)
     """adaptive KL (rl_tasks[].kl_target): samples over which a coefficient moves by at most
     20%; a domain's coefficient changes by up to 0.2 * its samples per step / kl_horizon"""
-    ppo_epochs: int = Field(1, gt=0)
-    """passes over each rollout batch"""
-    minibatches: int = Field(1, gt=0)
+    ppo_epochs: int = Field(1, gt=0, le=100)
+    """passes over each rollout batch (at most 100)"""
+    minibatches: int = Field(1, gt=0, le=2**20)
     """minibatches per epoch; must divide prompts_per_step * group_size"""
-    micro_batch_tokens: int | None = Field(8192, gt=0)
+    micro_batch_tokens: int | None = Field(8192, gt=0, le=2**26)
     """padded tokens per forward/backward pass at most: a minibatch runs as length-sorted pieces
     (gradients accumulate), which bounds the activations held for the backward pass; null = one
     pass per minibatch, every row padded to the longest"""
@@ -153,13 +167,21 @@ class TrainerConfig(BaseModel):
     """truncated completions: "mask" drops them from the loss, "penalty" trains on them with reward 0"""
     drop_zero_variance: bool = True
     """skip groups whose rewards are all equal (they carry no advantage signal)"""
-    max_minutes: float | None = Field(None, gt=0)
-    """wall-clock cap on training; the run ends cleanly at the first step past it"""
-    max_rollout_tokens: int | None = Field(None, gt=0)
+    max_minutes: float | None = Field(None, gt=0, le=10**7)
+    """wall-clock cap on training; the run ends cleanly at the first step past it (at most 10**7)"""
+    max_rollout_tokens: int | None = Field(None, gt=0, le=10**18)
     """cap on generated rollout tokens (training rollouts, all domains); the run ends cleanly at the
     first step past it. Compares runs at matched generation compute (bench/curriculum.py)"""
-    checkpoint_every: int = Field(25, gt=0)
+    checkpoint_every: int = Field(25, gt=0, le=10**8)
     """save a checkpoint every this many steps (and at the end)"""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """where the policy and reference train: auto = cuda when torch sees a GPU, else cpu (bf16 autocast on cuda)"""
+    max_staleness: int = Field(0, ge=0, le=64)
+    """K: rollout runs up to K weight versions ahead of the update (polyrl/pipeline/); step s
+    trains on samples of version s - K. 0 is the synchronous loop; 0..64"""
+    iw_cap: float = Field(2.0, ge=1, le=100)
+    """with max_staleness > 0, the importance weight pi_prox / mu of decoupled PPO is clamped at
+    this (rl/offpolicy.py); 1..100"""
 
 
 class EvalConfig(BaseModel):
@@ -167,14 +189,14 @@ class EvalConfig(BaseModel):
 
     model_config = _STRICT
 
-    every: int = Field(10, ge=0)
+    every: int = Field(10, ge=0, le=10**8)
     """evaluate every this many steps; 0 = only before and after training"""
-    heldout_per_domain: int = Field(200, gt=0)
-    """held-out tasks per domain (a fixed set, the same before and after)"""
-    max_tokens: int | None = Field(None, gt=0)
-    """completion length for evaluation; null = engine.max_tokens"""
-    samples: int = Field(4, gt=0)
-    """samples per held-out task at the rollout temperature; accuracy = their mean reward"""
+    heldout_per_domain: int = Field(200, gt=0, le=10**6)
+    """held-out tasks per domain (a fixed set, the same before and after; at most 10**6)"""
+    max_tokens: int | None = Field(None, gt=0, le=2**20)
+    """completion length for evaluation (at most 2**20); null = engine.max_tokens"""
+    samples: int = Field(4, gt=0, le=4096)
+    """samples per held-out task at the rollout temperature; accuracy = their mean reward (at most 4,096)"""
     greedy: bool = True
     """also report greedy (temperature 0) accuracy on the same tasks"""
 
@@ -185,24 +207,52 @@ class CapabilityCurveConfig(BaseModel):
 
     model_config = _STRICT
 
-    window: int = Field(4, ge=2)
+    window: int = Field(4, ge=2, le=10**6)
     """evaluations in each domain's slope fit"""
     saturation: float = Field(0.95, gt=0, le=1)
     """held-out score at which a domain counts as saturated: its weight goes to the floor"""
     saturation_margin: float = Field(0.25, gt=0, le=1)
     """below saturation - margin a domain's weight is not reduced; in between it fades linearly"""
-    progress_scale: float = Field(0.05, gt=0)
+    progress_scale: float = Field(0.05, gt=0, le=1e6)
     """slope (score per evaluation) that multiplies a domain's weight by e; at most e^3"""
     floor: float = Field(0.05, gt=0, lt=1)
     """least share of every domain (against forgetting); floor * number of domains must be <= 1"""
     max_change: float = Field(0.1, gt=0, le=1)
     """most any domain's share moves in one update"""
-    regress_tolerance: float = Field(0.05, ge=0)
+    regress_tolerance: float = Field(0.05, ge=0, le=1e6)
     """a domain whose score falls more than this below its best is boosted"""
-    boost: float = Field(2.0, ge=1)
+    boost: float = Field(2.0, ge=1, le=1e6)
     """a boosted domain's share is at least boost * its seed share"""
-    boost_updates: int = Field(2, ge=1)
+    boost_updates: int = Field(2, ge=1, le=10**8)
     """updates a boost lasts (re-armed while the domain stays below its best)"""
+
+
+class RoleResources(BaseModel):
+    """What one role's Ray actor asks of the cluster."""
+
+    model_config = _STRICT
+
+    num_cpus: float = Field(1.0, ge=0, le=1024)
+    """CPU cores reserved for the actor (0..1024)"""
+    num_gpus: float = Field(0.0, ge=0, le=64)
+    """GPUs reserved for the actor (0..64; fractions share one)"""
+
+
+class ClusterConfig(BaseModel):
+    """Where the pipeline's roles run (polyrl/pipeline/backend.py)."""
+
+    model_config = _STRICT
+
+    backend: Literal["local", "inline", "ray"] = "local"
+    """"local": every role in this process, each in its own thread; "inline": in this process, one
+    after another in the trainer's thread (no overlap: debugging, profiling); "ray": rollout and
+    reward roles as Ray actors in one placement group (pip install -e .[ray])"""
+    address: str | None = None
+    """Ray cluster to join ("auto", "ray://host:10001"); null starts a local one on this machine"""
+    rollout: RoleResources = Field(default_factory=RoleResources)
+    """the rollout role's actor (engine workers run inside it)"""
+    reward: RoleResources = Field(default_factory=RoleResources)
+    """the reward role's actor (sandbox pool and reward-model scorers)"""
 
 
 class RunConfig(BaseModel):
@@ -212,8 +262,8 @@ class RunConfig(BaseModel):
 
     name: str | None = None
     """run name; the default run directory is runs/<name or a timestamp>"""
-    seed: int = 0
-    """seed for task sampling, rollouts and initialisation"""
+    seed: int = Field(0, ge=0, lt=2**63)
+    """seed for task sampling, rollouts and initialisation (0 <= seed < 2**63)"""
     run_dir: str | None = None
     """where to write metrics, trajectories and checkpoints; null = runs/<name>"""
     curriculum: Literal["static", "capability_curve"] = "static"
@@ -231,6 +281,13 @@ class RunConfig(BaseModel):
     """optimisation"""
     eval: EvalConfig = Field(default_factory=EvalConfig)
     """held-out evaluation"""
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    """where the pipeline's roles run: this process, or a Ray cluster"""
+    scheduler: SchedulerConfig | None = None
+    """null: the rollout role's engine runs one load at a time (an evaluation beside training,
+    max_staleness > 0, runs before its ticket's rollout); a section: training rollouts and the
+    evaluation share the engine's slots at once, by these priorities and shares
+    (polyrl/pipeline/scheduler.py)"""
 
     @model_validator(mode="after")
     def check_names(self, info: ValidationInfo) -> RunConfig:
@@ -267,7 +324,10 @@ class Problem:
 
 
 class ConfigError(Exception):
-    """A run file that cannot be used; `problems` lists everything wrong with it."""
+    """A run file that cannot be used; `problems` lists everything wrong with it, one line each.
+    The command line prints them and exits with `exit_code`."""
+
+    exit_code = 2
 
     def __init__(self, problems: list[Problem]):
         assert problems, "ConfigError needs at least one problem"
@@ -294,11 +354,21 @@ def load_config_text(text: str, source: str = "<string>", base_dir: str | Path |
     """Validate run-file text. `source` names it in errors; `base_dir` anchors pack paths
     (default: the current directory)."""
     base = Path(base_dir) if base_dir is not None else Path.cwd()
+    if len(text) > MAX_RUN_FILE_BYTES:
+        raise ConfigError([Problem(source, None, "", f"a run file of {len(text):,} characters; run files are "
+                                   f"settings, at most {MAX_RUN_FILE_BYTES:,} characters")])
 
-    loader = yaml.SafeLoader(text)
+    loader = SafeRunLoader(text)
     try:
         root = loader.get_single_node()
+        if root is not None:
+            refuse_expansion(root)
         data = loader.construct_document(root) if root is not None else None
+    except RecursionError:
+        raise ConfigError([Problem(source, None, "", "YAML nested too deeply to read")]) from None
+    except Refused as e:
+        line = e.problem_mark.line + 1 if e.problem_mark else None
+        raise ConfigError([Problem(source, line, "", f"refused: {e.problem}")]) from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         what = e.problem or e.context or "invalid YAML"
@@ -311,6 +381,8 @@ def load_config_text(text: str, source: str = "<string>", base_dir: str | Path |
         raise ConfigError([Problem(source, line, "", f"YAML syntax error: {what}")]) from None
     except yaml.YAMLError as e:
         raise ConfigError([Problem(source, None, "", f"YAML syntax error: {e}")]) from None
+    except (ValueError, OverflowError) as e:  # a value YAML parses but cannot build, e.g. a timestamp 2024-13-40
+        raise ConfigError([Problem(source, None, "", f"cannot read a value: {e}")]) from None
     finally:
         loader.dispose()
 
@@ -396,6 +468,11 @@ def _semantic_problems(data: Any, base_dir: Path | None) -> list[tuple[tuple, st
                 resolved = _resolve_pack(pack, base_dir or Path.cwd())
                 if not resolved.is_file():
                     problems.append((("rl_tasks", i, "pack"), f"got {pack!r}; no such file (looked for {resolved})"))
+                else:
+                    problems += pack_problems(i, task, resolved)
+            elif isinstance(domain, str) and domains is not None and domain in domains:
+                problems += fit_problems(i, task, domain)
+            problems += option_problems(i, task)
             quarantine = task.get("quarantine")
             if isinstance(quarantine, str) and not _resolve_pack(quarantine, base_dir or Path.cwd()).is_file():
                 problems.append((("rl_tasks", i, "quarantine"), f"got {quarantine!r}; no such file (looked for "
@@ -409,12 +486,28 @@ def _semantic_problems(data: Any, base_dir: Path | None) -> list[tuple[tuple, st
         mb = trainer.get("minibatches", fields["minibatches"].default)
         if all(_is_int(v) and v > 0 for v in (pps, g, mb)) and (pps * g) % mb:
             batch = pps * g
-            divisors = [d for d in range(1, batch + 1) if batch % d == 0]
+            small = [d for d in range(1, min(math.isqrt(batch), 10**6) + 1) if batch % d == 0]
+            divisors = sorted(set(small + [batch // d for d in small]))
             shown = ", ".join(map(str, divisors[:12])) + (", ..." if len(divisors) > 12 else "")
             problems.append((("trainer", "minibatches"), f"got {mb}; must divide prompts_per_step * group_size = {pps} * {g} = {batch} (one of {shown})"))
+        if (all(_is_int(v) and v > 0 for v in (pps, g)) and pps * g > MAX_SAMPLES_PER_STEP
+                and pps <= _upper(fields["prompts_per_step"]) and g <= _upper(fields["group_size"])):  # else one error
+            problems.append((("trainer", "prompts_per_step"), f"got {pps}; prompts_per_step * group_size = {pps} * {g} "
+                             f"= {pps * g:,} samples per step; at most {MAX_SAMPLES_PER_STEP:,}"))
     problems += _adaptive_kl_problems(tasks, trainer)
     problems += _curriculum_problems(data, tasks)
+    model = data.get("model")
+    path = model.get("path") if isinstance(model, dict) else None
+    if isinstance(path, str):
+        problem = model_problem(path)
+        if problem:
+            problems.append((("model", "path"), f"got {path!r}; {problem}"))
     return problems
+
+
+def _upper(field: Any) -> float:
+    """A field's upper bound (le=...), inf when it has none."""
+    return next((m.le for m in field.metadata if getattr(m, "le", None) is not None), float("inf"))
 
 
 def _number(v: Any) -> bool:

@@ -44,6 +44,9 @@ def explain(err: dict, schema: type[BaseModel]) -> tuple[tuple, str, str]:
         return loc, f"got {show(value)}; must be one of {', '.join(choices)}{did_you_mean(str(value), choices)}", "value"
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         return loc, f"got {show(value)}; must be {_bounds(field.metadata)}", "value"
+    if kind == "finite_number":
+        bounds = _bounds(field.metadata)
+        return loc, f"got {show(value)}; must be a finite number{' ' + bounds if bounds else ''}", "value"
     if kind == "too_short":
         return loc, f"got {show(value)}; must have at least {err['ctx']['min_length']} item", "value"
     metadata = field.metadata if field is not None and not isinstance(loc[-1], int) else []
@@ -86,8 +89,19 @@ def _bounds(metadata: list) -> str:
     for m in metadata:
         for cls, attr, op in ((at.Gt, "gt", ">"), (at.Ge, "ge", ">="), (at.Lt, "lt", "<"), (at.Le, "le", "<=")):
             if isinstance(m, cls):
-                parts.append(f"{op} {getattr(m, attr):g}")
+                parts.append(f"{op} {_number_text(getattr(m, attr))}")
     return " and ".join(parts)
+
+
+def _number_text(value: float) -> str:
+    """A bound as a reader writes it: 65536, 2**20, 10**8, 1e+06, 0.5."""
+    if isinstance(value, int) and value >= 2**17:
+        if value & (value - 1) == 0:
+            return f"2**{value.bit_length() - 1}"
+        digits = str(value)
+        if digits.strip("0") == "1":
+            return f"10**{len(digits) - 1}"
+    return str(value) if isinstance(value, int) else format(value, "g")
 
 
 def _expected(annotation: Any, metadata: list) -> str:
@@ -176,6 +190,10 @@ def show(value: Any) -> str:
         return "a mapping" if value else "an empty mapping"
     if isinstance(value, list):
         return "a list" if value else "an empty list"
+    if isinstance(value, int) and value.bit_length() > 200:  # repr of a huge int is slow or refused
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    if isinstance(value, float) and value != value:
+        return "nan"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -183,3 +201,65 @@ def show(value: Any) -> str:
 def did_you_mean(word: str, choices: list[str]) -> str:
     close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
+
+
+# ---------------------------------------------------------------------------- YAML a loader can hold
+
+MAX_RUN_FILE_BYTES = 1 << 20
+"""A run file is a page of settings; a larger one is refused before it is parsed."""
+MAX_NODES = 100_000
+"""Values of the document with every alias expanded: an alias bomb (billion laughs) expands a few
+lines into billions, which the schema check would then walk."""
+MAX_DEPTH = 64
+"""Nesting of mappings and lists; the schema is four levels deep."""
+MAX_INT_CHARS = 64
+"""Characters of an integer literal: int() of thousands of digits is slow, or refused by Python."""
+
+
+class Refused(yaml.MarkedYAMLError):
+    """YAML that is well formed but that polyrl will not load (its message says why)."""
+
+
+class SafeRunLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses integers of more than MAX_INT_CHARS characters."""
+
+
+def _construct_int(loader: SafeRunLoader, node: yaml.ScalarNode) -> int:
+    if len(node.value) > MAX_INT_CHARS:
+        raise Refused(None, None, f"an integer of {len(node.value)} characters; no setting needs more than "
+                      f"{MAX_INT_CHARS}", node.start_mark)
+    return yaml.SafeLoader.construct_yaml_int(loader, node)
+
+
+SafeRunLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+
+
+def refuse_expansion(root: yaml.Node) -> None:
+    """Raise Refused at the first node where the composed document stops being one a loader and a
+    validator can walk: a recursive alias, nesting deeper than MAX_DEPTH, or more than MAX_NODES
+    values with aliases expanded. Linear in the composed nodes (expanded sizes are memoised)."""
+    sizes: dict[int, int] = {}
+    on_path: set[int] = set()
+
+    def size(node: yaml.Node, depth: int) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in on_path:
+            raise Refused(None, None, "a recursive alias (an anchor used inside itself)", node.start_mark)
+        if depth > MAX_DEPTH:
+            raise Refused(None, None, f"nested more than {MAX_DEPTH} levels deep", node.start_mark)
+        on_path.add(key)
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            total += sum(size(child, depth + 1) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total += sum(size(k, depth + 1) + size(v, depth + 1) for k, v in node.value)
+        on_path.discard(key)
+        if total > MAX_NODES:
+            raise Refused(None, None, f"more than {MAX_NODES:,} values once its aliases are expanded "
+                          "(an alias bomb?)", node.start_mark)
+        sizes[key] = total
+        return total
+
+    size(root, 0)

@@ -58,3 +58,10 @@ class Completion:
     """Per position, token id -> logprob of the most likely tokens, when SamplingParams.logprobs > 0."""
     num_cached_tokens: int = 0
     """Prompt tokens served from a prefix cache instead of computed (0 for engines without one)."""
+    token_versions: list[int] | None = None
+    """Weight version that sampled each token, when an update may have landed while the
+    request was in flight (the paged engine's step API); None: every token is weight_version's."""
+
+    def versions(self) -> list[int]:
+        """The weight version of every sampled token."""
+        return list(self.token_versions) if self.token_versions is not None else [self.weight_version] * len(self.token_ids)

@@ -20,7 +20,7 @@ def test_reserve_commit_cancel():
     r2 = b.reserve(70)
     b.cancel(r2)
     assert (b.spent, b.available) == (30, 70)
-    with pytest.raises(AssertionError):
+    with pytest.raises(ValueError, match="already committed or cancelled"):
         b.commit(r2, 1)
 
 

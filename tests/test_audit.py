@@ -158,7 +158,9 @@ def test_quarantine_file_leaves_tasks_out_of_training(tmp_path):
 
     pack = tmp_path / "pack.jsonl"
     pack.write_text("".join(json.dumps({"id": f"p{i}", "domain": "math", "prompt": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n"
-                            for i in range(4)))
+                            for i in range(4))
+                    + json.dumps({"id": "h", "domain": "math", "prompt": "What is 9 + 1?", "answer": "10",
+                                  "split": "heldout"}) + "\n")  # evaluation needs a held-out task
     (tmp_path / "bad.txt").write_text("p1\np3\n")
     cfg = load_config_text("rl_tasks:\n  - {domain: sums, pack: pack.jsonl, quarantine: bad.txt, weight: 1}\n",
                            base_dir=tmp_path)

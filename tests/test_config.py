@@ -56,13 +56,13 @@ def test_yaml_11_exponent_floats_are_accepted():
 
 
 def test_bad_value_names_line_field_value_and_bound():
-    assert errors(GOOD + "trainer:\n  steps: 5\n  lr: -1\n") == ["run.yaml:7: trainer.lr: got -1; must be > 0"]
+    assert errors(GOOD + "trainer:\n  steps: 5\n  lr: -1\n") == ["run.yaml:7: trainer.lr: got -1; must be > 0 and <= 1"]
     assert errors(GOOD + "engine:\n  top_p: 2\n") == ["run.yaml:6: engine.top_p: got 2; must be > 0 and <= 1"]
 
 
 def test_bad_value_in_a_list_item_has_its_index():
     text = GOOD + "  - domain: code\n    weight: 0\n"
-    assert errors(text) == ["run.yaml:6: rl_tasks[1].weight: got 0; must be > 0"]
+    assert errors(text) == ["run.yaml:6: rl_tasks[1].weight: got 0; must be > 0 and <= 1e+06"]
 
 
 def test_unknown_key_top_level_suggests_the_nearest():
@@ -81,8 +81,8 @@ def test_unknown_key_nested_suggests_the_nearest():
 
 
 def test_wrong_type():
-    assert errors(GOOD + "seed: seven\n") == ["run.yaml:5: seed: got 'seven'; must be an integer"]
-    assert errors(GOOD + "trainer:\n  steps: 1.5\n") == ["run.yaml:6: trainer.steps: got 1.5; must be an integer > 0"]
+    assert errors(GOOD + "seed: seven\n") == ["run.yaml:5: seed: got 'seven'; must be an integer >= 0 and < 2**63"]
+    assert errors(GOOD + "trainer:\n  steps: 1.5\n") == ["run.yaml:6: trainer.steps: got 1.5; must be an integer > 0 and <= 10**8"]
     assert errors(GOOD + "eval: 5\n") == ["run.yaml:5: eval: got 5; must be a mapping (keys: every, heldout_per_domain, max_tokens, samples, greedy)"]
     (line,) = errors("rl_tasks: math\n")
     assert line.startswith("run.yaml:1: rl_tasks: got 'math'; must be a list of mappings (keys: domain,")
@@ -117,7 +117,7 @@ def test_unknown_reward_lists_verifiers():
 def test_unknown_domain_unless_a_pack_is_given(known_domains, tmp_path):
     (line,) = errors("rl_tasks:\n  - domain: mth\n    weight: 1\n")
     assert line == "run.yaml:2: rl_tasks[0].domain: got 'mth'; must be a built-in domain (agent, alignment, code, math), or any name together with `pack`; did you mean 'math'?"
-    (tmp_path / "mine.jsonl").write_text("")
+    (tmp_path / "mine.jsonl").write_text('{"id": "m1", "domain": "math", "prompt": "1 + 1?", "answer": "2", "split": "heldout"}\n')
     cfg = load_config_text("rl_tasks:\n  - {domain: mine, pack: mine.jsonl, weight: 1}\n", base_dir=tmp_path)
     assert cfg.rl_tasks[0].domain == "mine"
 
@@ -129,7 +129,7 @@ def test_missing_pack(tmp_path):
 
 def test_pack_resolves_against_the_run_file_directory(tmp_path, monkeypatch):
     (tmp_path / "packs").mkdir()
-    (tmp_path / "packs" / "mine.jsonl").write_text("")
+    (tmp_path / "packs" / "mine.jsonl").write_text('{"id": "m1", "domain": "math", "prompt": "1 + 1?", "answer": "2", "split": "heldout"}\n')
     (tmp_path / "run.yaml").write_text("rl_tasks:\n  - {domain: mine, pack: packs/mine.jsonl, weight: 1}\n")
     monkeypatch.chdir("/")
     cfg = load_config(tmp_path / "run.yaml")
@@ -196,7 +196,7 @@ def test_errors_in_configs_built_in_python():
 
 
 def test_to_yaml_round_trips(tmp_path):
-    (tmp_path / "p.jsonl").write_text("")
+    (tmp_path / "p.jsonl").write_text('{"id": "m1", "domain": "math", "prompt": "1 + 1?", "answer": "2", "split": "heldout"}\n')
     text = """\
         name: rt
         seed: 3

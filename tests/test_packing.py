@@ -151,7 +151,7 @@ def test_update_steps_to_the_same_weights_as_the_padded_layout(kl):
     cfg = lambda budget, share: SimpleNamespace(  # noqa: E731
         seed=0, engine=SimpleNamespace(temperature=0.7),
         trainer=SimpleNamespace(ppo_epochs=2, minibatches=3, clip_low=0.2, clip_high=0.28, max_grad_norm=1.0,
-                                micro_batch_tokens=budget, shared_prefix=share))
+                                micro_batch_tokens=budget, shared_prefix=share, max_staleness=0, iw_cap=2.0))
     results = []
     for budget, share in [(None, False), (48, True)]:
         policy = model()

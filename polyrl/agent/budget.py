@@ -89,10 +89,13 @@ class TokenBudget:
             return Reservation(next(self._ids), tokens)
 
     def commit(self, reservation: Reservation, used: int) -> list[Alert]:
-        """Charge `used` tokens for a reserved call and release its reservation."""
-        assert reservation.open, "a reservation is committed or cancelled once"
+        """Charge `used` tokens for a reserved call and release its reservation. ValueError for a
+        negative or non-integer `used`, and for a reservation already committed or cancelled
+        (charging it twice would count one call's tokens twice)."""
+        if isinstance(used, bool) or not isinstance(used, int) or used < 0:
+            raise ValueError(f"used tokens must be an integer >= 0, got {used!r}")
         with self._lock:
-            reservation.open = False
+            _close(reservation, "commit")
             self.reserved -= reservation.tokens
             self.spent += used
             self.overrun += max(0, used - reservation.tokens)
@@ -107,11 +110,20 @@ class TokenBudget:
         return crossed
 
     def cancel(self, reservation: Reservation) -> None:
-        """Release a reservation whose call did not happen (nothing is charged)."""
-        assert reservation.open, "a reservation is committed or cancelled once"
+        """Release a reservation whose call did not happen (nothing is charged); ValueError for
+        one already committed or cancelled."""
         with self._lock:
-            reservation.open = False
+            _close(reservation, "cancel")
             self.reserved -= reservation.tokens
 
     def __repr__(self) -> str:
         return f"TokenBudget(spent={self.spent}, reserved={self.reserved}, limit={self.limit})"
+
+
+def _close(reservation: Reservation, action: str) -> None:
+    """Mark a reservation settled, once (checked and set under the budget's lock, so two threads
+    settling one reservation cannot both pass)."""
+    if not reservation.open:
+        raise ValueError(f"cannot {action} reservation {reservation.id}: it was already committed or cancelled "
+                         "(a reservation is settled once)")
+    reservation.open = False

@@ -28,6 +28,7 @@ from typing import Callable, TextIO
 
 from polyrl.agent.budget import TokenBudget
 from polyrl.agent.loop import AgentConfig, ModelSlot, run_agent
+from polyrl.commands import at_least, non_negative_number, positive_number
 from polyrl.obs import records as R
 from polyrl.obs.records import ObsRecord, Tee
 from polyrl.obs.store import ObsStore
@@ -37,7 +38,7 @@ from polyrl.types import Task
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("pack", nargs="?", help="agent task pack (JSONL); default: generated tasks of the agent domain")
     p.add_argument("--id", action="append", default=[], help="run only this task id of the pack (repeatable)")
-    p.add_argument("--generate", type=int, default=1, metavar="N", help="generated tasks to run (default 1)")
+    p.add_argument("--generate", type=at_least(1), default=1, metavar="N", help="generated tasks to run (default 1)")
     p.add_argument("--levels", type=int, nargs="+", default=[1, 2, 3, 4], help="levels of generated tasks")
     p.add_argument("--split", default="heldout", choices=["train", "heldout"], help="split of generated tasks")
     p.add_argument("--seed", type=int, default=0)
@@ -49,15 +50,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="endpoint tool calls: OpenAI tools, or the text format for endpoints without tools")
     p.add_argument("--stream", action="store_true", help="stream endpoint calls (measures time to first token)")
     p.add_argument("--fallback-openai-model", help="a lighter model at the same endpoint, used over budget")
-    p.add_argument("--fallback-cost-weight", type=float, default=0.25,
+    p.add_argument("--fallback-cost-weight", type=non_negative_number, default=0.25,
                    help="budget tokens per token of the fallback model (default 0.25)")
-    p.add_argument("--budget", type=int, help="token budget per episode (prompt + completion); default none")
-    p.add_argument("--max-steps", type=int, default=8)
-    p.add_argument("--max-tokens", type=int, default=64, help="completion tokens per model call")
-    p.add_argument("--timeout", type=float, help="seconds per episode")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--alpha", type=float, default=0.02, help="success_minus_cost: cost per model call")
-    p.add_argument("--beta", type=float, default=1e-4, help="success_minus_cost: cost per token")
+    p.add_argument("--budget", type=at_least(1), help="token budget per episode (prompt + completion); default none")
+    p.add_argument("--max-steps", type=at_least(1), default=8)
+    p.add_argument("--max-tokens", type=at_least(1), default=64, help="completion tokens per model call")
+    p.add_argument("--timeout", type=positive_number, help="seconds per episode")
+    p.add_argument("--temperature", type=non_negative_number, default=0.0)
+    p.add_argument("--alpha", type=non_negative_number, default=0.02, help="success_minus_cost: cost per model call")
+    p.add_argument("--beta", type=non_negative_number, default=1e-4, help="success_minus_cost: cost per token")
     p.add_argument("--run-dir", help="where to write obs.sqlite and agent_episodes.jsonl "
                                      "(default runs/agent-<time>)")
     p.add_argument("--otel-endpoint", help="also export records as OTLP/HTTP spans (needs polyrl[otel])")
@@ -105,7 +106,7 @@ def _load_tasks(args: argparse.Namespace) -> list[Task]:
         if args.id:
             missing = set(args.id) - {t.id for t in tasks}
             if missing:
-                raise SystemExit(f"polyrl agent: ids not in {args.pack}: {', '.join(sorted(missing))}")
+                raise ValueError(f"ids not in {args.pack}: {', '.join(sorted(missing))}")
             tasks = [t for t in tasks if t.id in set(args.id)]
         return tasks
     from polyrl.domains.agent import AgentDomain
@@ -153,10 +154,18 @@ def main(args: argparse.Namespace) -> int:
     if not tasks:
         print("polyrl agent: no tasks to run", file=sys.stderr)
         return 2
-    slots_for = _model_factory(args)
+    try:
+        slots_for = _model_factory(args)
+    except (FileNotFoundError, NotADirectoryError, ValueError) as exc:
+        print(f"polyrl agent: --model {args.model}: {exc}", file=sys.stderr)
+        return 2
     verifier = SuccessMinusCost(alpha=args.alpha, beta=args.beta)
     run_dir = Path(args.run_dir or f"runs/agent-{time.strftime('%Y%m%d-%H%M%S')}")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"polyrl agent: cannot use --run-dir {run_dir}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     view_out = sys.stderr if args.json else sys.stdout
     otel = None
     if args.otel_endpoint:

@@ -18,20 +18,22 @@ import argparse
 import json
 import sys
 
+from polyrl.commands import at_least, positive_number
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pack", nargs="?", help="task pack, JSONL (one task per line)")
     parser.add_argument("--domain", help="audit a built-in domain instead (math, code, humaneval)")
-    parser.add_argument("--n", type=int, default=50, help="with --domain: tasks to sample (default 50)")
+    parser.add_argument("--n", type=at_least(1), default=50, help="with --domain: tasks to sample (default 50)")
     parser.add_argument("--seed", type=int, default=0, help="with --domain: sampling seed")
     parser.add_argument("--policy", metavar="MODEL", help="Hugging Face model directory (or builtin:tiny) to "
                                                           "sample k completions per task from: pass@k, difficulty")
-    parser.add_argument("--samples", "-k", type=int, default=4, help="with --policy: samples per task (default 4)")
-    parser.add_argument("--max-tokens", type=int, default=512, help="with --policy: completion length")
-    parser.add_argument("--repeats", type=int, default=2, help="extra scorings of each reference (determinism)")
-    parser.add_argument("--mutants", type=int, default=2, help="mutants of each kind per reference (default 2)")
-    parser.add_argument("--timeout", type=float, default=3.0, help="per-test timeout of code probes that must pass")
-    parser.add_argument("--workers", type=int, help="sandbox workers (default: one per core)")
+    parser.add_argument("--samples", "-k", type=at_least(1), default=4, help="with --policy: samples per task (default 4)")
+    parser.add_argument("--max-tokens", type=at_least(1), default=512, help="with --policy: completion length")
+    parser.add_argument("--repeats", type=at_least(0), default=2, help="extra scorings of each reference (determinism)")
+    parser.add_argument("--mutants", type=at_least(0), default=2, help="mutants of each kind per reference (default 2)")
+    parser.add_argument("--timeout", type=positive_number, default=3.0, help="per-test timeout of code probes that must pass")
+    parser.add_argument("--workers", type=at_least(1), help="sandbox workers (default: one per core)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the summary")
     parser.add_argument("--write-quarantine", metavar="PATH", help="write the failing tasks' ids to PATH")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -69,10 +71,15 @@ def main(args: argparse.Namespace) -> int:
             print(f"polyrl audit: {err}", file=sys.stderr)
             return 2
     else:
+        from polyrl.domains.pack import EmptyPack
+
         try:
             result = audit_pack(args.pack, policy, options, progress)
         except OSError as err:
             print(f"polyrl audit: cannot read {args.pack}: {err.strerror or err}", file=sys.stderr)
+            return 2
+        except EmptyPack as err:
+            print(f"polyrl audit: {err}", file=sys.stderr)
             return 2
     if args.json:
         print(json.dumps(to_json(result), default=str))

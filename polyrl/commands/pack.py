@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+
+from polyrl.commands import at_least
 from polyrl.domains.pack import task_line
 
 
@@ -18,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", help="humaneval, or a built-in domain such as math or code")
     parser.add_argument("-o", "--out", help="output file (default: stdout)")
     parser.add_argument("--split", default="heldout", choices=["train", "heldout"], help="generated domains only")
-    parser.add_argument("-n", type=int, default=200, help="tasks to generate (generated domains only)")
+    parser.add_argument("-n", type=at_least(1), default=200, help="tasks to generate (generated domains only)")
     parser.add_argument("--seed", type=int, default=0)
 
 
@@ -38,8 +40,12 @@ def main(args: argparse.Namespace) -> int:
         lines = [task_line(t) for t in domain.sample(args.split, args.n, args.seed)]
     text = "".join(json.dumps(line) + "\n" for line in lines)
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text)
+        try:
+            with open(args.out, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as err:
+            print(f"polyrl pack: cannot write {args.out}: {err.strerror or err}", file=sys.stderr)
+            return 2
         print(f"wrote {len(lines)} tasks to {args.out}", file=sys.stderr)
     else:
         sys.stdout.write(text)

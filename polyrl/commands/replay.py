@@ -43,8 +43,20 @@ def main(args: argparse.Namespace) -> int:
         print(f"polyrl replay: {args.run_dir} has no {EXECUTIONS} (no code was executed in that run)", file=sys.stderr)
         return 2
     log = ExecutionLog(path)
+    try:
+        rows = list(log) if args.list or not args.id else []
+        rec = log.get(args.id) if args.id and not args.list else None
+    except KeyError:
+        print(f"polyrl replay: no execution {args.id!r} in {path}; `polyrl replay {args.run_dir} --list` shows them",
+              file=sys.stderr)
+        return 2
+    except ValueError as exc:  # a corrupt line inside the log (a torn last one is skipped)
+        print(f"polyrl replay: {exc}", file=sys.stderr)
+        return 2
+    for note in log.notes:
+        print(f"polyrl replay: note: {note}", file=sys.stderr)
     if args.list or not args.id:
-        rows = [r for r in log if not args.failed or not all(v["passed"] for v in r.get("verdicts") or [])]
+        rows = [r for r in rows if not args.failed or not all(v["passed"] for v in r.get("verdicts") or [])]
         if args.json:
             print(json.dumps([{"id": r["id"], "task_id": r.get("task_id"), "status": r["result"]["status"],
                                "verdicts": r.get("verdicts")} for r in rows]))
@@ -53,12 +65,7 @@ def main(args: argparse.Namespace) -> int:
                 print(f"{r['id']}  {r.get('task_id', '-')}  {r['result']['status']}  {_verdict(r)}")
             print(f"{len(rows)} executions" + (" with a failed test" if args.failed else ""), file=sys.stderr)
         return 0
-    try:
-        rec = log.get(args.id)
-    except KeyError:
-        print(f"polyrl replay: no execution {args.id!r} in {path}; `polyrl replay {args.run_dir} --list` shows them",
-              file=sys.stderr)
-        return 2
+    assert rec is not None
 
     from polyrl.sandbox.replay import replay
 

@@ -15,7 +15,7 @@ load or raises on a task. With `--json`, stdout is exactly one JSON document:
      "errors": [{"file", "line", "id", "message"}, ...]}
 
 Without it, a table on stdout and the errors on stderr. Exit status: 0 when every
-completion line was scored, 1 otherwise, 2 when a file cannot be read.
+completion line was scored, 1 otherwise, 2 when a file cannot be read or is empty.
 
 Out of scope: generating completions (that needs a model: `polyrl eval`), auditing the
 pack itself (`polyrl audit`).
@@ -30,7 +30,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from polyrl.domains.pack import load_pack, verifier_for
+from polyrl.domains.pack import load_pack, read_json_line, verifier_for
 from polyrl.rewards.registry import UnknownVerifier, get_verifier
 from polyrl.types import Score, Task
 
@@ -77,9 +77,9 @@ def _read_completions(path: str, report: _Report) -> list[tuple[int, str, str]]:
                 continue
             report.completion_lines += 1
             try:
-                obj = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                report.error(path, number, None, f"not valid JSON: {exc}")
+                obj = read_json_line(raw)
+            except ValueError as exc:
+                report.error(path, number, None, str(exc))
                 continue
             if not isinstance(obj, dict):
                 report.error(path, number, None, f"a line must be a JSON object, got {type(obj).__name__}")
@@ -144,6 +144,10 @@ def main(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"polyrl score: cannot read {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
         return 2
+    for name, empty in ((args.pack, not pack.lines), (args.completions, not report.completion_lines)):
+        if empty:
+            print(f"polyrl score: {name} is empty: nothing to score", file=sys.stderr)
+            return 2
 
     for err in pack.errors:
         report.error(args.pack, err.line, err.id, err.message)

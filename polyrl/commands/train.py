@@ -1,8 +1,11 @@
-"""`polyrl train [RUN.yaml] [--run-dir DIR]` and `polyrl train --resume RUN_DIR`.
+"""`polyrl train [RUN.yaml] [--run-dir DIR] [--ray [ADDRESS]]` and `polyrl train --resume RUN_DIR`.
 
 With no run file, the built-in quickstart (polyrl/configs/quickstart.yaml). The loop
-itself is polyrl/train/loop.py. Exit status: 0 trained, 2 the run file or run directory
-cannot be used (the message names the file, line and field).
+itself is polyrl/train/loop.py. Exit status: 0 trained (or the resumed run had already
+finished: nothing is repeated), 2 the run file or run directory cannot be used (the message
+names the file, line and field, or says what to do with the directory), 1 the disk filled
+up (the run stopped after its last whole step: free space and `--resume`), 130 Ctrl-C (the
+same: `--resume` continues it). Any other failure writes its traceback into the run directory.
 """
 
 from __future__ import annotations
@@ -17,10 +20,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_file", nargs="?", help="YAML run file (default: the built-in quickstart)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR (uses its config.yaml)")
     p.add_argument("--run-dir", help="where to write the run (default: run_dir from the file, else runs/<name>-<time>)")
+    p.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                   help="run the rollout and reward roles as Ray actors (cluster.backend: ray); ADDRESS joins a "
+                        "running cluster ('auto', 'ray://host:10001'), none starts a local one")
 
 
 def main(args: argparse.Namespace) -> int:
     from polyrl.config import ConfigError, default_config, load_config
+    from polyrl.train.run_dir import RunDir, RunDirError, is_disk_full
 
     try:
         if args.resume:
@@ -28,19 +35,59 @@ def main(args: argparse.Namespace) -> int:
                 print("polyrl train: give either a run file or --resume RUN_DIR, not both", file=sys.stderr)
                 return 2
             run_dir = Path(args.resume)
-            if not (run_dir / "state" / "state.pt").exists():
+            if not run_dir.is_dir():
+                what = "is a file, not a run directory" if run_dir.exists() else "does not exist"
+                print(f"polyrl train: --resume {run_dir} {what}", file=sys.stderr)
+                return 2
+            rd = RunDir(run_dir)
+            if not rd.state.exists():
                 print(f"polyrl train: {run_dir} holds no resumable run (no state/state.pt)", file=sys.stderr)
                 return 2
-            cfg = load_config(run_dir / "config.yaml")
+            if rd.finished():
+                print(f"polyrl train: {run_dir} already finished (eval/after.json and checkpoints/final are "
+                      "written); nothing to resume", file=sys.stderr)
+                return 0
+            cfg = load_config(rd.config)
+            rd.lock()  # fails fast when another process is writing the run; train() takes it again
+            rd.close()
         else:
             cfg = load_config(args.run_file) if args.run_file else default_config()
             stamp = time.strftime("%Y%m%d-%H%M%S")
             run_dir = Path(args.run_dir or cfg.run_dir or f"runs/{cfg.name or 'run'}-{stamp}")
+            if run_dir.exists() and not run_dir.is_dir():
+                print(f"polyrl train: run directory {run_dir} is a file, not a directory", file=sys.stderr)
+                return 2
+            if RunDir(run_dir).state.exists():
+                print(f"polyrl train: {run_dir} already holds a run; continue it with "
+                      f"`polyrl train --resume {run_dir}` or choose another --run-dir", file=sys.stderr)
+                return 2
     except ConfigError as err:
         print(f"polyrl train: invalid run file\n{err}", file=sys.stderr)
         return 2
+    except RunDirError as err:
+        print(f"polyrl train: {err}", file=sys.stderr)
+        return err.exit_code
+
+    if args.ray is not None:
+        cluster = cfg.cluster.model_copy(update={"backend": "ray", "address": args.ray or cfg.cluster.address})
+        cfg = cfg.model_copy(update={"cluster": cluster})
 
     from polyrl.train.loop import train
 
-    train(cfg, run_dir, resume=bool(args.resume))
+    args.crash_dir = run_dir  # where cli.py writes the traceback of an internal error
+    try:
+        train(cfg, run_dir, resume=bool(args.resume))
+    except KeyboardInterrupt:
+        print(f"\npolyrl train: interrupted; the run keeps its last whole step: continue it with "
+              f"`polyrl train --resume {run_dir}`", file=sys.stderr)
+        return 130
+    except RunDirError as err:
+        print(f"polyrl train: {err}", file=sys.stderr)
+        return err.exit_code
+    except Exception as err:  # noqa: BLE001 -- a full disk outside the run directory's own writes (a checkpoint)
+        if not is_disk_full(err):
+            raise
+        print(f"polyrl train: disk full ({err}); the run keeps its last whole step: free some space and continue "
+              f"it with `polyrl train --resume {run_dir}`", file=sys.stderr)
+        return 1
     return 0

@@ -12,8 +12,9 @@ Line shapes (one JSON object per line; blank lines are skipped):
   (integer >= 0). Any other field goes into `Task.data` for the domain's verifier.
 
 A malformed line (bad JSON, a missing or wrongly typed field, a duplicate id, a domain
-without a verifier) becomes a `PackError` naming the line and the field; every other
-line still loads.
+without a verifier, JSON nested deeper than MAX_JSON_DEPTH or a number too long to read)
+becomes a `PackError` naming the line and the field; every other line still loads.
+`read_json_line` is that reading for any JSONL file a command is given (completions too).
 
 Out of scope: checking that a task is solvable or its tests sound (`polyrl audit`),
 and fetching packs from anywhere but a local path.
@@ -36,6 +37,39 @@ DEFAULT_VERIFIERS = {"math": "answer_verify", "code": "unit_test_pass"}
 """Verifier of each domain with a known line shape; other domains name theirs per line."""
 
 _COMMON_FIELDS = {"id", "domain", "prompt", "answer", "verifier", "metadata", "split", "difficulty"}
+
+MAX_JSON_DEPTH = 100
+"""Nesting of a line's arrays and objects; deeper lines are errors (a task has a few levels, and
+every reader after this one, JSON writers included, recurses once per level)."""
+
+
+def read_json_line(raw: bytes) -> Any:
+    """One JSONL line as a Python value; ValueError with a message naming what is wrong
+    (not UTF-8, not JSON, nested too deep, a number too long to read)."""
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not valid UTF-8: {exc}") from None
+    except RecursionError:
+        raise ValueError(f"not readable: JSON nested more than {MAX_JSON_DEPTH} levels deep") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON: {exc}") from None
+    except ValueError as exc:  # an integer of thousands of digits: Python refuses to convert it
+        raise ValueError(f"not readable: {exc}") from None
+    if _depth_exceeds(obj, MAX_JSON_DEPTH):
+        raise ValueError(f"not readable: JSON nested more than {MAX_JSON_DEPTH} levels deep")
+    return obj
+
+
+def _depth_exceeds(obj: Any, limit: int) -> bool:
+    stack = [(obj, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (list, dict)):
+            if depth > limit:
+                return True
+            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return False
 
 
 def check_split(split: str) -> None:
@@ -73,10 +107,19 @@ class PackLoad:
     tasks: list[tuple[int, Task]]
     """(1-based line number, task) for every line that loaded."""
     errors: list[PackError]
+    lines: int = 0
+    """Non-blank lines read; 0 means an empty pack, which callers refuse."""
 
 
 class _BadLine(ValueError):
     pass
+
+
+class EmptyPack(ValueError):
+    """A pack file with no lines at all: an error wherever a pack is used."""
+
+    def __init__(self, path: str | Path):
+        super().__init__(f"{path} is empty: a pack has one task per line")
 
 
 _TYPE_NAMES = {str: "a string", list: "a list", dict: "an object", int: "an integer", float: "a number"}
@@ -152,14 +195,16 @@ def load_pack(path: str | Path) -> PackLoad:
     tasks: list[tuple[int, Task]] = []
     errors: list[PackError] = []
     first_line_of: dict[str, int] = {}
+    lines = 0
     with open(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue
+            lines += 1
             try:
-                obj = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                errors.append(PackError(number, f"not valid JSON: {exc}"))
+                obj = read_json_line(raw)
+            except ValueError as exc:
+                errors.append(PackError(number, str(exc)))
                 continue
             raw_id = obj.get("id") if isinstance(obj, dict) and isinstance(obj.get("id"), str) else None
             if raw_id is not None and raw_id in first_line_of:
@@ -172,7 +217,20 @@ def load_pack(path: str | Path) -> PackLoad:
                 tasks.append((number, _task_from_line(obj)))
             except _BadLine as exc:
                 errors.append(PackError(number, str(exc), raw_id))
-    return PackLoad(tasks, errors)
+    return PackLoad(tasks, errors, lines)
+
+
+def verifier_misfit(task: Task, verifier: str) -> str | None:
+    """Why `verifier` cannot grade `task`, in words, or None when it can (or is not one whose
+    needs are known here). What each built-in verifier reads of a task is its module's docstring."""
+    if verifier == "unit_test_pass" and not ("entry_point" in task.data and ("tests" in task.data or
+                                                                              "test" in task.data)):
+        return "unit_test_pass grades code tasks (entry_point with tests or test); this task has none"
+    if verifier in ("answer_verify", "success_minus_cost") and task.answer is None:
+        return f"{verifier} compares against the task's answer; this task has none"
+    if verifier == "rule_check" and not ("intent" in task.data and "entities" in task.data):
+        return "rule_check grades alignment tasks (intent and entities); this task has neither"
+    return None
 
 
 class PackDomain:

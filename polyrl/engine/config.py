@@ -22,22 +22,23 @@ class NativeEngineConfig(BaseModel):
 
     paged: bool = True
     """true: the paged engine (prefix cache, continuous batching); false: the dense reference engine."""
-    workers: int = Field(1, gt=0)
+    workers: int = Field(1, gt=0, le=1024)
     """Paged engines in worker processes sharing the weights, each with its share of the torch threads
     (parallel.py); on a CPU, small models generate faster split by requests than by threads."""
-    block_size: int = Field(16, gt=0)
-    """Tokens per KV block: the unit of allocation and of prefix sharing."""
-    num_blocks: int | None = Field(None, gt=0)
-    """Blocks in the KV pool; null sizes the pool from kv_cache_mb."""
-    kv_cache_mb: int = Field(1024, gt=0)
-    """Memory for K and V of all layers when num_blocks is null (pages are touched only as used)."""
-    max_num_seqs: int = Field(256, gt=0)
-    """Most sequences running at once (a step's batch size limit)."""
-    max_num_batched_tokens: int = Field(4096, gt=0)
-    """Token budget of one step: decodes (1 each) plus prefill chunks."""
+    block_size: int = Field(16, gt=0, le=4096)
+    """Tokens per KV block: the unit of allocation and of prefix sharing (at most 4,096)."""
+    num_blocks: int | None = Field(None, gt=0, le=2**24)
+    """Blocks in the KV pool (at most 2**24); null sizes the pool from kv_cache_mb."""
+    kv_cache_mb: int = Field(1024, gt=0, le=2**20)
+    """Memory for K and V of all layers when num_blocks is null (pages are touched only as used;
+    at most 2**20 MB = 1 TiB)."""
+    max_num_seqs: int = Field(256, gt=0, le=2**20)
+    """Most sequences running at once (a step's batch size limit; at most 2**20)."""
+    max_num_batched_tokens: int = Field(4096, gt=0, le=2**24)
+    """Token budget of one step: decodes (1 each) plus prefill chunks (at most 2**24)."""
     enable_prefix_caching: bool = True
     """Share full KV blocks between requests with equal prefixes (a GRPO group's prompt, agent turns)."""
-    decode_burst: int = Field(8, gt=0)
+    decode_burst: int = Field(8, gt=0, le=4096)
     """Most decode passes run back to back, without rescheduling, while every running sequence
     decodes and none waits (scheduler.py); 1 = reschedule after every token."""
 

@@ -184,4 +184,6 @@ class PagedEngine:
             weight_version=seq.weight_version if seq.weight_version is not None else self.weight_version,
             top_logprobs=seq.top_logprobs,
             num_cached_tokens=seq.prompt_cached_tokens,
+            # per token only when an update landed mid-request (otherwise weight_version says it)
+            token_versions=list(seq.token_versions) if len(set(seq.token_versions)) > 1 else None,
         )

@@ -58,6 +58,8 @@ class Sequence:
     weight_version: int | None = None
     """Weight version that sampled the first completion token (the oldest, if an update
     landed while the sequence was in flight)."""
+    token_versions: list[int] = field(default_factory=list)
+    """Weight version that sampled each completion token."""
     admissions: int = 0
     """Times the sequence got blocks (1 + preemptions): a decode-cache row is per admission."""
     cache_epoch: int = 0
@@ -85,6 +87,7 @@ class Sequence:
     def append_token(self, token: int, logprob: float, top: dict[int, float] | None, version: int) -> None:
         if self.weight_version is None:
             self.weight_version = version
+        self.token_versions.append(version)
         self.token_ids.append(token)
         self.logprobs.append(logprob)
         if top is not None:

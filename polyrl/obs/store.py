@@ -5,7 +5,13 @@ columns below; every attribute, OTel name as key, is kept as JSON in `attributes
 
     records(id, kind, name, trace_id, task_id, step, start_time, duration_s,
             model, input_tokens, cached_tokens, output_tokens, ttft_s, finish_reason,
-            tool_name, error_type, attributes)
+            tool_name, error_type, attributes, train_step)
+
+`step` is the step within an agent episode; `train_step` the training step in flight when
+the record was written (set `store.train_step`; the run directory does), so a resumed run
+deletes the records of the step it repeats (`delete_from_step`). A store killed
+mid-commit is rolled back by SQLite itself when next opened for writing; `read_records`
+opens it for writing when it can, so a hot journal never stops a reader.
 
 Writes are buffered and committed every `flush_every` records and on close; the store
 is safe to share between threads (one connection, one lock). Readers open the file
@@ -18,6 +24,7 @@ file, or export through OpenTelemetry), retention and compaction.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 from pathlib import Path
@@ -46,27 +53,33 @@ CREATE TABLE IF NOT EXISTS records (
     finish_reason TEXT,
     tool_name TEXT,
     error_type TEXT,
-    attributes TEXT NOT NULL
+    attributes TEXT NOT NULL,
+    train_step INTEGER
 );
 CREATE INDEX IF NOT EXISTS records_kind ON records (kind);
 CREATE INDEX IF NOT EXISTS records_trace ON records (trace_id);
 """
 _COLUMNS = ("kind", "name", "trace_id", "task_id", "step", "start_time", "duration_s", "model", "input_tokens",
-            "cached_tokens", "output_tokens", "ttft_s", "finish_reason", "tool_name", "error_type", "attributes")
+            "cached_tokens", "output_tokens", "ttft_s", "finish_reason", "tool_name", "error_type", "attributes",
+            "train_step")
+
+
+class ObsStoreError(Exception):
+    """An observability store that cannot be read: not SQLite, or damaged beyond SQLite's own recovery."""
 
 
 def store_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / FILENAME
 
 
-def _row(rec: ObsRecord) -> tuple[Any, ...]:
+def _row(rec: ObsRecord, train_step: int | None) -> tuple[Any, ...]:
     a = rec.attributes
     finish = a.get(R.FINISH_REASONS)
     return (rec.kind, rec.name, rec.trace_id, rec.task_id, rec.step, rec.start_time, rec.duration_s,
             a.get("gen_ai.response.model") or a.get("gen_ai.request.model"), a.get(R.INPUT_TOKENS),
             a.get(R.CACHE_READ_TOKENS), a.get(R.OUTPUT_TOKENS), a.get(R.TTFT),
             finish[0] if isinstance(finish, list) and finish else None, a.get(R.TOOL_NAME), a.get(R.ERROR_TYPE),
-            json.dumps(a, default=str))
+            json.dumps(a, default=str), train_step)
 
 
 class ObsStore:
@@ -77,9 +90,14 @@ class ObsStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, check_same_thread=False)
         self._db.executescript(_SCHEMA)
+        if "train_step" not in {row[1] for row in self._db.execute("PRAGMA table_info(records)")}:
+            self._db.execute("ALTER TABLE records ADD COLUMN train_step INTEGER")  # a store from before it
+            self._db.commit()
         self._lock = threading.Lock()
         self._buffer: list[tuple[Any, ...]] = []
         self.flush_every = flush_every
+        self.train_step: int | None = None
+        """Training step written into each record from now on (None: not written)."""
 
     @classmethod
     def in_run_dir(cls, run_dir: str | Path) -> "ObsStore":
@@ -87,7 +105,7 @@ class ObsStore:
 
     def record(self, rec: ObsRecord) -> None:
         with self._lock:
-            self._buffer.append(_row(rec))
+            self._buffer.append(_row(rec, self.train_step))
             if len(self._buffer) >= self.flush_every:
                 self._flush_locked()
 
@@ -116,17 +134,55 @@ class ObsStore:
 
 
 def read_records(path: str | Path, kind: str | None = None) -> Iterator[ObsRecord]:
-    """Records of the store at `path` (a file or a run directory), in insertion order."""
+    """Records of the store at `path` (a file or a run directory), in insertion order.
+    ObsStoreError when the file is not a readable store."""
     path = Path(path)
     if path.is_dir():
         path = store_path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no observability store (runs write {FILENAME} in their run directory)")
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    # read-write when allowed: SQLite then rolls back what a killed writer left half-committed
+    mode = "rw" if os.access(path, os.W_OK) and os.access(path.parent, os.W_OK) else "ro"
+    try:
+        db = sqlite3.connect(f"file:{path}?mode={mode}", uri=True)
+    except sqlite3.Error as err:
+        raise ObsStoreError(f"{path}: cannot open the observability store: {err}") from None
     try:
         query = "SELECT kind, name, trace_id, task_id, step, start_time, duration_s, attributes FROM records"
-        rows = db.execute(query + (" WHERE kind = ?" if kind else "") + " ORDER BY id", (kind,) if kind else ())
+        try:
+            rows = db.execute(query + (" WHERE kind = ?" if kind else "") + " ORDER BY id",
+                              (kind,) if kind else ()).fetchall()
+        except sqlite3.Error as err:
+            raise ObsStoreError(f"{path}: not a readable observability store ({err})") from None
         for k, name, trace_id, task_id, step, start, duration, attrs in rows:
-            yield ObsRecord(k, name, trace_id, json.loads(attrs), task_id, step, start, duration)
+            try:
+                attributes = json.loads(attrs)
+            except ValueError:
+                raise ObsStoreError(f"{path}: a record's attributes are not JSON; the store is damaged") from None
+            yield ObsRecord(k, name, trace_id, attributes, task_id, step, start, duration)
+    finally:
+        db.close()
+
+
+def delete_from_step(path: str | Path, step: int | None) -> int:
+    """Delete the records of training steps >= `step` (a resumed run repeats them) from the store
+    at `path`, if there is one; records without a training step stay. step=None deletes every
+    record (a new run). Returns how many went."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    db = sqlite3.connect(path)
+    try:
+        columns = {row[1] for row in db.execute("PRAGMA table_info(records)")}
+        if not columns or (step is not None and "train_step" not in columns):
+            return 0
+        if step is None:
+            gone = db.execute("DELETE FROM records").rowcount
+        else:
+            gone = db.execute("DELETE FROM records WHERE train_step >= ?", (step,)).rowcount
+        db.commit()
+        return gone
+    except sqlite3.Error as err:
+        raise ObsStoreError(f"{path}: cannot roll the observability store back to step {step}: {err}") from None
     finally:
         db.close()

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-from polyrl.domains.pack import PackError, load_pack, verifier_for
+from polyrl.domains.pack import EmptyPack, PackError, load_pack, verifier_for
 from polyrl.quality import hygiene
 from polyrl.quality.code_probes import code_probes
 from polyrl.quality.findings import TaskAudit
@@ -74,8 +74,10 @@ class AuditResult:
 
 def audit_pack(path: str, policy: Policy | None = None, options: AuditOptions | None = None,
                progress: Progress | None = stderr_progress) -> AuditResult:
-    """Audit the pack at `path` (OSError when it cannot be read)."""
+    """Audit the pack at `path` (OSError when it cannot be read, EmptyPack when it has no lines)."""
     loaded = load_pack(path)
+    if not loaded.lines:
+        raise EmptyPack(path)
     return audit_tasks(loaded.tasks, loaded.errors, path, policy, options, progress)
 
 

@@ -6,7 +6,9 @@
   warning when the gold agrees, a failure when it does not (at most one can be right)
 - train/held-out overlap: the same prompt on both sides of the split
 - code: a test or reference that does not compile (`compile` only; nothing is executed
-  on the host), a check with no assert that calls the candidate, and contradictory
+  on the host; a text over MAX_PROGRAM_CHARS is not parsed at all and fails, so no
+  pathological program can exhaust the host's parser), a check with no assert that calls
+  the candidate, and contradictory
   tests (the same call expected to return two different values; for HumanEval checks
   the plan's "eq" asserts, `contradictory_plan`)
 
@@ -75,16 +77,35 @@ def check_pack(tasks: Sequence[Task], audits: Sequence[TaskAudit], code: Sequenc
             _check_code(task, audit)
 
 
+MAX_PROGRAM_CHARS = 200_000
+"""Longest test, reference or prompt of a code task that the audit parses on the host (HumanEval's
+longest check is a few thousand characters); a longer one is a failed task, never parsed: a
+pathological text of a few megabytes makes CPython's parser build gigabytes of syntax tree."""
+
+
 def _compiles(source: str, what: str) -> str | None:
     try:
         compile(source, f"<{what}>", "exec", dont_inherit=True)
-    except (SyntaxError, ValueError) as err:
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as err:
         return f"{what} does not compile: {type(err).__name__}: {err}"
+    return None
+
+
+def _oversized(task: Task) -> str | None:
+    for what, text in (("the test", task.data.get("test")), ("the reference", task.data.get("reference")),
+                       ("the prompt", task.prompt)):
+        if isinstance(text, str) and len(text) > MAX_PROGRAM_CHARS:
+            return (f"{what} is {len(text):,} characters; the audit parses program text of at most "
+                    f"{MAX_PROGRAM_CHARS:,} characters")
     return None
 
 
 def _check_code(task: Task, audit: TaskAudit) -> None:
     entry = task.data.get("entry_point", "")
+    oversized = _oversized(task)
+    if oversized:
+        audit.add("tests_compile", oversized)
+        return
     test = task.data.get("test")
     if isinstance(test, str):
         problem = _compiles(test, "the test")

@@ -60,7 +60,7 @@ def _region(prompt: str, reference: str, entry: str) -> _Region | None:
     program = build_program(prompt, reference, entry)
     try:
         tree = ast.parse(program.code)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     if program.form == "body":
         start = prompt.count("\n") + 1

@@ -27,9 +27,13 @@ def available_verifiers() -> list[str]:
     return sorted(_VERIFIERS)
 
 
-def get_verifier(name: str, **options: Any) -> Verifier:
+def verifier_class(name: str) -> type:
+    """The class behind a verifier name, imported but not constructed (to check its options)."""
     if name not in _VERIFIERS:
         raise UnknownVerifier(name)
     module_name, _, class_name = _VERIFIERS[name].partition(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    return cls(**options)
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def get_verifier(name: str, **options: Any) -> Verifier:
+    return verifier_class(name)(**options)

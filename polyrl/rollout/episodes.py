@@ -36,7 +36,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from polyrl.agent.budget import TokenBudget
@@ -62,6 +62,8 @@ class Episode:
     """Weight version of each model call's completion (staleness checks)."""
     default_version: int = 0
     """The engine's weight version when the episode ran (an episode without model calls)."""
+    call_versions: list[list[int]] = field(default_factory=list)
+    """The weight version of every token each model call generated, call by call."""
 
     # ---- what groups.py asks of a sample
 
@@ -86,6 +88,14 @@ class Episode:
     @property
     def weight_version(self) -> int:
         return min(self.weight_versions, default=self.default_version)
+
+    @property
+    def token_versions(self) -> list[int]:
+        """Each generated token's version, in call order (a compressed context may re-lay
+        earlier turns; their tokens keep the version they were sampled with)."""
+        versions = [v for call in self.call_versions for v in call]
+        n = len(self.generated_ids)
+        return versions[-n:] if len(versions) >= n else [self.weight_version] * (n - len(versions)) + versions
 
     def rows(self) -> list[tuple[list[int], list[int], list[float]]]:
         """One training row per segment, as the rollout recorded it."""
@@ -153,6 +163,7 @@ def rollout_episodes(engine: Engine, tokenizer: Tokenizer, tasks: Sequence[Task]
 
     results: dict[int, AgentResult] = {}
     pending: dict[int, ModelRequest] = {}
+    call_versions: list[list[list[int]]] = [[] for _ in episodes]
     for k, episode in enumerate(episodes):
         _advance(k, episode, None, pending, results)
 
@@ -168,12 +179,14 @@ def rollout_episodes(engine: Engine, tokenizer: Tokenizer, tasks: Sequence[Task]
             completions = engine.generate(prompts, 1, params)
             duration = time.perf_counter() - start  # one batched call: each reply reports its duration
             for k, prompt_ids, completion in zip(ks, prompts, completions):
+                call_versions[k].append(completion.versions())
                 reply = sessions[k].finish(prompt_ids, completion, duration)
                 _advance(k, episodes[k], reply, pending, results)
         round_index += 1
 
     return [Episode(tasks[k // group_size], k % group_size, sessions[k].trace.segments, results[k],
-                    sessions[k].weight_versions, engine.weight_version) for k in range(len(episodes))]
+                    sessions[k].weight_versions, engine.weight_version, call_versions[k])
+            for k in range(len(episodes))]
 
 
 def _advance(k: int, episode, reply: ModelReply | None, pending: dict[int, ModelRequest],

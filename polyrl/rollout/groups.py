@@ -11,6 +11,7 @@ treat them alike:
     sample.finish_reason     "length" when generation was cut at max_tokens (for an
                              episode: any of its calls), else "stop"; overlong handling
     sample.weight_version    the oldest weight version among its tokens
+    sample.token_versions    the weight version of each generated token (staleness)
     sample.rows()            training rows (token ids, loss mask, logprobs)
     sample.record()          its fields of the trajectory log
 
@@ -49,6 +50,9 @@ class Sample(Protocol):
     @property
     def weight_version(self) -> int: ...
 
+    @property
+    def token_versions(self) -> list[int]: ...
+
     def rows(self) -> list[Row]: ...
 
     def record(self) -> dict[str, Any]: ...
@@ -80,6 +84,10 @@ class SingleTurn:
     @property
     def weight_version(self) -> int:
         return self.completion.weight_version
+
+    @property
+    def token_versions(self) -> list[int]:
+        return self.completion.versions()
 
     def rows(self) -> list[Row]:
         c, P = self.completion, len(self.prompt_ids)

@@ -8,8 +8,15 @@ One JSON line per execution: {"id", "task_id", ...the record}. The program text 
 repeats in every record (the grading harness) is stored once under blobs/ next to the
 log, by its sha256, and put back by `get`. Stored stdout and stderr are cut to
 `keep_output` characters each (the hashes of the whole streams stay in the record;
-replay compares statuses and verdicts, not bytes). Ids count lines, so a log reopened
-after a resume goes on numbering where it stopped. `add` may be called from threads.
+replay compares statuses and verdicts, not bytes). Ids go on from the last record in the
+file, read at the first `add`, so a log reopened (or rolled back) after a resume goes on
+numbering where it stopped. `add` may be called from threads.
+
+Interruptions: every record carries `step`, the training step in flight when it was
+written (set `log.step`; the run directory does, train/run_dir.py), so a resumed run drops
+the records of the step it repeats (`drop_from_step`). A line torn by a kill mid-write is
+only ever the last one: readers skip it (`notes` says so) and the first `add` cuts it off
+before appending; a failed write (a full disk) is cut back off (polyrl/obs/jsonl.py).
 
 Out of scope: rotation and compression (a 1,000-step quickstart writes tens of MB), and
 an index: `get` scans the file.
@@ -23,6 +30,8 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator
 
+from polyrl.obs.jsonl import Dropped, append_lines, cut_torn_tail, drop_lines, iter_jsonl, last_line
+
 _BLOB_MIN = 2048
 """Program texts at least this long go to blobs/, stored once however many records name them
 (a grader's harness is long and the same in every record; candidates are short)."""
@@ -34,8 +43,13 @@ class ExecutionLog:
         self.blobs = self.path.parent / "blobs"
         self.keep_output = keep_output
         self._lock = threading.Lock()
-        self._count = sum(1 for _ in open(self.path, "rb")) if self.path.exists() else 0
+        self._count: int | None = None
+        """Next id's number; read from the file at the first add (after any rollback)."""
         self._known: set[str] = {p.stem for p in self.blobs.glob("*.txt")} if self.blobs.exists() else set()
+        self.step: int | None = None
+        """Training step written into each record (None: not written)."""
+        self.notes: list[str] = []
+        """What readers skipped: a torn last line (an interrupted write), in words."""
 
     def add(self, rec: dict[str, Any], **meta: Any) -> str:
         """Store one record (with extra fields such as task_id); returns its id."""
@@ -48,11 +62,14 @@ class ExecutionLog:
             if len(text) > self.keep_output:
                 rec["result"][stream] = text[: self.keep_output]
                 rec["output_cut_at"] = self.keep_output
+        if self.step is not None and "step" not in meta:
+            meta["step"] = self.step
         with self._lock:
+            if self._count is None:
+                self._count = self._next_number()
             eid = f"x{self._count:06d}"
+            append_lines(self.path, [json.dumps({"id": eid, **meta, **rec}, separators=(",", ":"))])
             self._count += 1
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(json.dumps({"id": eid, **meta, **rec}, separators=(",", ":")) + "\n")
         return eid
 
     def get(self, eid: str) -> dict[str, Any]:
@@ -65,10 +82,29 @@ class ExecutionLog:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         if not self.path.exists():
             return
-        with open(self.path, encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    yield self._restore(json.loads(line))
+        for rec in iter_jsonl(self.path, self.notes):
+            yield self._restore(rec)
+
+    def drop_from_step(self, step: int) -> Dropped:
+        """Remove the records of steps >= `step` (a resumed run repeats them) and a torn last
+        line. Records without a step are kept."""
+        with self._lock:
+            self._count = None
+            return drop_lines(self.path, step)
+
+    def _next_number(self) -> int:
+        """1 + the number of the last record's id (0 for an empty log); cuts off a torn tail."""
+        if not self.path.exists():
+            return 0
+        cut_torn_tail(self.path)
+        last = last_line(self.path)
+        if last is None:
+            return 0
+        try:
+            eid = json.loads(last).get("id", "")
+        except (ValueError, AttributeError):
+            eid = ""
+        return int(eid[1:]) + 1 if isinstance(eid, str) and eid[1:].isdigit() else sum(1 for _ in open(self.path, "rb"))
 
     def _blob(self, text: str) -> str:
         sha = hashlib.sha256(text.encode(errors="surrogatepass")).hexdigest()
@@ -84,3 +120,4 @@ class ExecutionLog:
         if sha is not None:
             rec["request"]["code"] = (self.blobs / f"{sha}.txt").read_text(encoding="utf-8", errors="surrogatepass")
         return rec
+

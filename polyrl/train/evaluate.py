@@ -13,30 +13,63 @@ which the reward-hacking detector (train/monitor.py) compares with `accuracy`.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
+from polyrl.obs.records import Recorder
 from polyrl.rewards.base import Verifier
 from polyrl.rollout.dispatch import Rollout, record_episodes
-from polyrl.rollout.groups import score_groups
 from polyrl.rollout.episodes import Episode
+from polyrl.rollout.groups import Group, score_groups
+from polyrl.rollout.spec import DomainSpec
 from polyrl.types import Task
+
+
+@dataclass
+class EvalRollout:
+    """The generated half of an evaluation: per domain, `samples` sampled responses per task
+    and (greedy) one greedy response per task, not yet scored. It travels from the engine's
+    role to the reward role in an asynchronous run (polyrl/pipeline/)."""
+
+    version: int
+    """The weight version every response was generated with."""
+    sampled: dict[str, list[Group]]
+    greedy: dict[str, list[Group]] = field(default_factory=dict)
+    samples: int = 1
 
 
 def evaluate(rollout: Rollout, heldout: Mapping[str, list[Task]], verifiers: Mapping[str, Verifier], seed: int,
              samples: int, greedy: bool, trace_prefix: str = "eval") -> dict[str, dict]:
     """Per domain of `heldout`: accuracy and the figures above; `seed` seeds the sampling."""
-    results = {}
+    return score_eval(eval_rollout(rollout, heldout, seed, samples, greedy, trace_prefix), verifiers, rollout.specs,
+                      rollout.recorder)
+
+
+def eval_rollout(rollout: Rollout, heldout: Mapping[str, list[Task]], seed: int, samples: int, greedy: bool,
+                 trace_prefix: str = "eval") -> EvalRollout:
+    """Generate every held-out response (domain by domain: sampled, then greedy)."""
+    out = EvalRollout(rollout.engine.weight_version, {}, {}, samples)
     for domain, tasks in heldout.items():
-        spec = rollout.specs[domain]
-        groups = rollout.groups(tasks, samples, lambda s: replace(s.eval_sampling, seed=seed), trace_prefix)
-        score_groups(groups, verifiers, rollout.specs)
-        record_episodes(groups, rollout.recorder)
+        out.sampled[domain] = rollout.groups(tasks, samples, lambda s: replace(s.eval_sampling, seed=seed), trace_prefix)
+        if greedy:
+            out.greedy[domain] = rollout.groups(tasks, 1, lambda s: replace(s.eval_sampling, seed=seed, temperature=0.0),
+                                                f"{trace_prefix}-greedy")
+    return out
+
+
+def score_eval(generated: EvalRollout, verifiers: Mapping[str, Verifier], specs: Mapping[str, DomainSpec],
+               recorder: Recorder | None = None) -> dict[str, dict]:
+    """Score an EvalRollout: per domain, accuracy and the figures in the module docstring."""
+    results = {}
+    for domain, groups in generated.sampled.items():
+        spec = specs[domain]
+        score_groups(groups, verifiers, specs)
+        record_episodes(groups, recorder)
         scores = [s for g in groups for s in g.scores]
         rewards = [s.value for s in scores]
         statuses = Counter(s.details.get("status", "?") for s in scores)
         lengths = [len(x.generated_ids) for g in groups for x in g.samples]
-        result = {"accuracy": sum(rewards) / len(rewards), "tasks": len(tasks), "samples": samples,
+        result = {"accuracy": sum(rewards) / len(rewards), "tasks": len(groups), "samples": generated.samples,
                   "mean_length": sum(lengths) / len(lengths), "statuses": dict(statuses)}
         if spec.check is not None:
             checked = verifiers[spec.check].score([g.task for g in groups for _ in g.samples],
@@ -49,10 +82,9 @@ def evaluate(rollout: Rollout, heldout: Mapping[str, list[Task]], verifiers: Map
                                             if successes else None)
             result["steps_per_success"] = (sum(s.details.get("steps", 0) for s in successes) / len(successes)
                                            if successes else None)
-        if greedy:
-            g_groups = rollout.groups(tasks, 1, lambda s: replace(s.eval_sampling, seed=seed, temperature=0.0),
-                                      f"{trace_prefix}-greedy")
-            score_groups(g_groups, verifiers, rollout.specs)
+        if domain in generated.greedy:
+            g_groups = generated.greedy[domain]
+            score_groups(g_groups, verifiers, specs)
             result["greedy_accuracy"] = sum(g.scores[0].value for g in g_groups) / len(g_groups)
         results[domain] = result
     return results

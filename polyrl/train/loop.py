@@ -1,8 +1,17 @@
 """The training loop: rollout -> reward -> advantage -> loss -> step, top to bottom.
 
-One synchronous GRPO step per iteration. The engine holds its own copy of the policy
-and receives new weights (with a version) after every optimizer step, exactly as a
-remote or vLLM engine would, so nothing here assumes rollouts come from this process.
+The trainer's side of the pipeline (polyrl/pipeline/): the rollout and reward roles run
+in threads of this process, or as Ray actors (cluster.backend), joined to it by bounded
+queues; this loop admits rollout tickets, takes each step's scored batch in order,
+updates the policy and sends the rollout role new weights with a version.
+
+    trainer.max_staleness: 0   the synchronous loop: step t is rolled out with the weights
+                               of step t-1's update, held-out evaluation runs between steps
+    trainer.max_staleness: K   step t+K may be rolled out while step t updates: tickets are
+                               admitted at the current version, so no sample is more than
+                               K versions behind (pipeline/staleness.py); the update corrects
+                               with decoupled PPO (rl/offpolicy.py); evaluation runs on the
+                               rollout role beside training and is reported on a later line
 
 Two controls sit around the step. The domain shares of each batch come from the
 curriculum (static: the run file's weights; capability_curve: moved after every
@@ -10,6 +19,11 @@ held-out evaluation, rl/curriculum.py), and each domain's KL coefficient from it
 controller (rl/kl_control.py: adaptive toward rl_tasks[].kl_target, else fixed). Both
 are logged on every metrics line with the reason for their values, and saved in the
 state for resume.
+
+Interruptions: the run directory is locked and, on resume, rolled back to the last whole
+step (train/run_dir.py); Ctrl-C ends the run at the next step boundary
+(train/interrupts.py). With K > 0 an evaluation still in the pipeline when the run stops
+runs on resume, at the resumed run's first version.
 """
 
 from __future__ import annotations
@@ -17,35 +31,33 @@ from __future__ import annotations
 import copy
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
 
 from polyrl.config import RunConfig
-from polyrl.engine.base import SamplingParams
-from polyrl.engine.factory import build_engine
-from polyrl.engine.stats import counter_delta, engine_counters
 from polyrl.models.hf_io import save_pretrained
 from polyrl.models.loading import load_policy, resolve_model_dir
+from polyrl.obs.store import ObsStore
+from polyrl.pipeline.backend import start_roles
+from polyrl.pipeline.roles import EvalBatch, RolloutBatch, Ticket
+from polyrl.pipeline.staleness import staleness_stats
+from polyrl.pipeline.stream import InlineStream, Stream
 from polyrl.rl.advantages import group_advantages, zero_variance_groups
 from polyrl.rl.curriculum import CapabilityCurriculum, allocate
 from polyrl.rl.kl_control import PerDomainKL
 from polyrl.rl.overlong import overlong_mask, overlong_rewards
-from polyrl.obs.store import ObsStore
-from polyrl.rollout.dispatch import Rollout, record_episodes
-from polyrl.rollout.groups import Group, score_groups
-from polyrl.rollout.spec import DomainSpec
-from polyrl.sandbox.execution_log import ExecutionLog
+from polyrl.rollout.groups import Group
 from polyrl.train.batch import build_batch
 from polyrl.train.display import Display
-from polyrl.train.evaluate import evaluate
+from polyrl.train.distributed import init_from_env
+from polyrl.train.interrupts import StopAtStepBoundary
 from polyrl.train.monitor import RewardMonitor
 from polyrl.train.run_dir import RunDir
-from polyrl.train.setup import build_curriculum, build_domains, step_seed
+from polyrl.train.setup import build_curriculum, build_domains
 from polyrl.train.update import update
-from polyrl.types import Task
 
 
 @dataclass
@@ -71,46 +83,57 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, log: Callab
 
 def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None], stop_after: int | None,
            closing: ExitStack) -> TrainResult:
+    state = rd.open(resume, None if resume else cfg.to_yaml())  # the lock; a resumed run's logs rolled back
+    closing.callback(rd.close)
+    for note in rd.notes:
+        log(note)
+    if state is not None and rd.finished():
+        log(f"{rd.path} has already finished its {state['step']} steps; nothing to do")
+        return TrainResult(rd.path, state["step"], rd.read_json(rd.eval_file("before")),
+                           rd.read_json(rd.eval_file("after")), state["clock"])
     torch.manual_seed(cfg.seed)
+    dp = init_from_env(cfg.trainer.device)
+    if dp.world_size > 1:
+        raise RuntimeError("polyrl train runs its trainer in one process; data-parallel ranks (WORLD_SIZE > 1) "
+                           "are polyrl.train.distributed's, not yet wired into this loop")
     model_dir = resolve_model_dir(cfg.model.path, log=log)
     policy, tokenizer = load_policy(model_dir, cfg.model.dtype)
-    engine = build_engine(cfg.engine, copy.deepcopy(policy), tokenizer, model_dir)
-    closing.callback(engine.close)
-    doms = build_domains(cfg, ExecutionLog(rd.executions))
-    closing.callback(doms.close)
-    specs = doms.specs
+    specs = build_domains(cfg, verifiers=False).specs
+    heldout = {d: s.source.sample("heldout", cfg.eval.heldout_per_domain, seed=cfg.seed) for d, s in specs.items()}
+    roles = start_roles(cfg, model_dir, heldout, rd.executions)
+    closing.callback(roles.close)
     obs = None
     if any(spec.agent for spec in specs.values()):  # agent calls, tools, verdicts
-        obs = ObsStore.in_run_dir(rd.path)
+        obs = rd.obs_store()
         closing.callback(obs.close)
-    rollout = Rollout(engine, tokenizer, specs, policy.cfg.max_position_embeddings, obs)
     curriculum = build_curriculum(cfg, {d: s.weight for d, s in specs.items()})  # None: static weights
     kl = PerDomainKL({d: s.kl_coef for d, s in specs.items()}, {d: s.kl_target for d, s in specs.items()},
                      cfg.trainer.kl_horizon)
     uses_kl = any(s.kl_coef > 0 for s in specs.values())
-    ref = copy.deepcopy(policy).eval().requires_grad_(False) if uses_kl else None
+    ref = dp.wrap(copy.deepcopy(policy).eval().requires_grad_(False)) if uses_kl else None
+    policy = dp.wrap(policy)  # on trainer.device
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.trainer.lr, betas=(0.9, 0.99),
                                   weight_decay=cfg.trainer.weight_decay)
-    heldout = {d: s.source.sample("heldout", cfg.eval.heldout_per_domain, seed=cfg.seed) for d, s in specs.items()}
+    K = cfg.trainer.max_staleness
+    stop = closing.enter_context(StopAtStepBoundary(log))  # Ctrl-C: end at the next step boundary
 
-    def run_eval(step: int) -> dict:
-        return evaluate(rollout, heldout, doms.verifiers, step_seed(cfg.seed, step, "eval"), cfg.eval.samples,
-                        cfg.eval.greedy, f"eval{step}")
+    def run_eval(step: int, line: int) -> dict:  # both roles idle, the engine holding the policy's weights
+        scored = roles.reward.finish(roles.rollout.evaluate(step, line))
+        write_records(obs, scored.records)
+        return scored.results
 
-    state = rd.load_state() if resume else None
     if state is None:
-        rd.create(cfg.to_yaml())
         log(f"evaluating the base model on {cfg.eval.heldout_per_domain} held-out tasks per domain")
-        before = run_eval(0)
+        before = run_eval(0, 0)
         rd.write_json(rd.eval_file("before"), before)
         if curriculum:
             curriculum.update(0, capability(before))
-        start_step, clock, rollout_tokens = 0, 0.0, 0
+        start_step, clock, rollout_tokens, version = 0, 0.0, 0, 0
     else:
         policy.load_state_dict(state["policy"])
         optimizer.load_state_dict(state["optimizer"])
-        engine.update_weights(policy.state_dict(), version=state["step"])
-        rd.truncate_after(state["step"])
+        version = state.get("policy_version", state["step"])
+        roles.rollout.sync(weights_snapshot(policy), version)
         before, start_step, clock = rd.read_json(rd.eval_file("before")), state["step"], state["clock"]
         rollout_tokens = state.get("rollout_tokens", 0)
         if curriculum and state.get("curriculum"):
@@ -119,94 +142,177 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
             kl = PerDomainKL.from_state(state["kl"])
         log(f"resuming {rd.path} at step {start_step}")
 
+    def shares() -> tuple[dict[str, float], dict | None]:
+        """The domain shares a rollout admitted now uses, and their reasons."""
+        return (curriculum.weights, curriculum.reasons) if curriculum else ({d: s.weight for d, s in specs.items()}, None)
+
     display = Display(cfg.trainer.steps, start_step, before, log)
     closing.callback(display.close)
     monitor = RewardMonitor()  # suspicious reward patterns -> RUN_DIR/flags.jsonl (train/monitor.py)
+    stream = (InlineStream if cfg.cluster.backend == "inline" else Stream)(roles.rollout, roles.reward, depth=K + 1)
+    closing.callback(stream.close)
+    admitted: dict[int, tuple] = {}  # step -> the shares its rollout drew with (the metrics line names them)
+
+    def admit(step: int, weights: dict | None = None, eval_step: int | None = None) -> None:
+        admitted[step] = shares()
+        stream.submit(Ticket(step, version, allocate(cfg.trainer.prompts_per_step, admitted[step][0]), weights,
+                             eval_step))
+
+    pending = unreported_evals(rd, cfg.eval.every, start_step, cfg.trainer.steps - K) if K > 0 and state else []
+    for t in range(start_step, min(start_step + K + 1, cfg.trainer.steps)):  # admitted from the start
+        admit(t, eval_step=pending.pop(0) if pending else None)  # a resumed run's evaluations still owed
+    engine_version = version  # the version the rollout role holds once its tickets have run
     steps_done = start_step
+    mark, idle0 = time.perf_counter(), dict(stream.idle)
     for step in range(start_step, cfg.trainer.steps):
+        if stop.requested:
+            log(stop.message(rd.path))
+            return TrainResult(rd.path, steps_done, before, None, clock)
         if cfg.trainer.max_minutes and clock >= cfg.trainer.max_minutes * 60:
             log(f"stopping at step {step}: trainer.max_minutes={cfg.trainer.max_minutes} reached")
             break
         if cfg.trainer.max_rollout_tokens and rollout_tokens >= cfg.trainer.max_rollout_tokens:
             log(f"stopping at step {step}: trainer.max_rollout_tokens={cfg.trainer.max_rollout_tokens} reached")
             break
-        t0 = time.perf_counter()
-        counters0 = engine_counters(engine)
-        # 1. rollout: this step's prompts, G samples each
-        weights, weight_reasons = (curriculum.weights, curriculum.reasons) if curriculum else (
-            {d: s.weight for d, s in specs.items()}, None)
-        counts = allocate(cfg.trainer.prompts_per_step, weights)
-        tasks = draw_tasks(specs, counts, cfg.seed, step)
-        groups = rollout.groups(tasks, cfg.trainer.group_size, rollout_sampling(cfg.seed, step), f"s{step}")
-        t1 = time.perf_counter()
-        rollout_counters = counter_delta(counters0, engine_counters(engine))
-        rollout_tokens += sum(len(x.generated_ids) for g in groups for x in g.samples)
-        # 2. reward
-        score_groups(groups, doms.verifiers, specs)
-        record_episodes(groups, obs)
+        # 1-2. rollout and reward, by the roles (an evaluation they ran beside training comes first)
+        item, evals = stream.next(), []
+        while isinstance(item, EvalBatch):
+            evals.append(item)
+            item = stream.next()
+        batch: RolloutBatch = item
+        assert batch.step == step, (batch.step, step)
         t2 = time.perf_counter()
+        groups = batch.groups
+        rollout_tokens += sum(len(x.generated_ids) for g in groups for x in g.samples)
+        trainer_version = version
+        fresh, dropped_stale = split_stale(groups, trainer_version, K)
         # 3. advantage, with zero-variance groups dropped (they carry no signal)
         finished = [[x.finish_reason for x in g.samples] for g in groups]
         rewards = torch.tensor([overlong_rewards(g.rewards, f, cfg.trainer.overlong) for g, f in zip(groups, finished)])
         flat = zero_variance_groups(rewards) if cfg.trainer.drop_zero_variance else torch.zeros(len(groups), dtype=torch.bool)
         adv = group_advantages(rewards, [g.task.domain for g in groups])
-        keep = [i for i in range(len(groups)) if not flat[i]]
+        keep = [i for i in range(len(groups)) if not flat[i] and fresh[i]]
         # 4. loss and optimizer step
         stats, coefs = {}, dict(kl.coefs)
         if keep:
             kept = [groups[i] for i in keep]
             masks = [overlong_mask(finished[i], cfg.trainer.overlong) for i in keep]
-            batch = build_batch(kept, [adv[i].tolist() for i in keep], masks, coefs)
-            stats = update(policy, ref, optimizer, batch, cfg, step)
-            engine.update_weights(policy.state_dict(), version=step + 1)
-            kl.update({d: stats["domains"][d]["kl"] for d in counts if d in stats["domains"]},
-                      {d: sum(len(g.samples) for g in kept if g.task.domain == d) for d in counts})
+            train_batch = build_batch(kept, [adv[i].tolist() for i in keep], masks, coefs)
+            stats = update(policy, ref, optimizer, train_batch, cfg, step)
+            version = step + 1
+            domains = batch_domains(groups)
+            kl.update({d: stats["domains"][d]["kl"] for d in domains if d in stats["domains"]},
+                      {d: sum(len(g.samples) for g in kept if g.task.domain == d) for d in domains})
         t3 = time.perf_counter()
-        clock += t3 - t0
 
-        record = step_metrics(step, groups, flat, stats, {"rollout": t1 - t0, "reward": t2 - t1, "update": t3 - t2},
-                              rollout_counters)
+        weights, weight_reasons = admitted.pop(step)
+        record = step_metrics(step, groups, flat, stats, {"rollout": batch.rollout_seconds,
+                                                          "reward": batch.reward_seconds, "update": t3 - t2},
+                              batch.engine)
         record["rollout_tokens"] = rollout_tokens
         record["weights"] = {d: round(w, 4) for d, w in sorted(weights.items())}
         record["weight_reasons"] = weight_reasons or {d: "static: the run file's weight" for d in weights}
         record["kl_coef"] = {d: coefs[d] for d in sorted(coefs)}
         record["kl_coef_reasons"] = dict(kl.reasons)
-        if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < cfg.trainer.steps:
-            record["eval"] = run_eval(step + 1)
+        for ev in evals:  # an evaluation the rollout role ran beside training (max_staleness > 0)
+            record["eval"] = ev.results
+            record["eval_of"] = {"step": ev.step, "version": ev.version}
+            if curriculum:
+                moved = curriculum.update(ev.step, capability(ev.results))
+                record["curriculum_update"] = {"weights": {d: round(w, 4) for d, w in sorted(moved.weights.items())},
+                                               "reasons": moved.reasons}
+        # 5. admit the next step the roles may start (step + 1 + K) at this version
+        eval_due = bool(cfg.eval.every) and (step + 1) % cfg.eval.every == 0 and step + 1 < cfg.trainer.steps
+        new_weights = weights_snapshot(policy) if version != engine_version else None
+        eval_seconds = 0.0
+        if eval_due and K == 0:  # synchronous: evaluate now, before the next rollout
+            if new_weights is not None:
+                roles.rollout.sync(new_weights, version)
+                new_weights, engine_version = None, version
+            eval_start = time.perf_counter()
+            record["eval"] = run_eval(step + 1, step)
+            eval_seconds = time.perf_counter() - eval_start
             if curriculum:  # the shares of the steps from here to the next evaluation
                 moved = curriculum.update(step + 1, capability(record["eval"]))
                 record["curriculum_update"] = {"weights": {d: round(w, 4) for d, w in sorted(moved.weights.items())},
                                                "reasons": moved.reasons}
+        if step + 1 + K < cfg.trainer.steps:
+            admit(step + 1 + K, new_weights, step + 1 if eval_due and K > 0 else None)
+            engine_version = version
+        record["pipeline"] = pipeline_metrics(K, batch, trainer_version, dropped_stale, stream, idle0)
+        record["pipeline"].update({k: v for k, v in stats.items() if k in ("iw", "mismatch_kl")})
+        idle0 = dict(stream.idle)
+        now = time.perf_counter()
+        clock += now - mark - eval_seconds  # training time: held-out evaluation between steps excluded
+        mark = now
+        record["clock"] = round(clock, 3)
+        write_records(obs, batch.records + [r for ev in evals for r in ev.records])
         rd.append(rd.metrics, [record])
         rd.append(rd.trajectories, trajectory_records(step, groups))
         rd.append(rd.flags, monitor.step(step, groups, record, specs))
         if (step + 1) % cfg.trainer.checkpoint_every == 0:
             save_checkpoint(rd, policy, model_dir, f"step-{step + 1:06d}")
-        rd.save_state({"step": step + 1, "clock": clock, "rollout_tokens": rollout_tokens,
+        rd.save_state({"step": step + 1, "clock": clock, "rollout_tokens": rollout_tokens, "policy_version": version,
                        "policy": policy.state_dict(), "optimizer": optimizer.state_dict(),
                        "curriculum": curriculum.state_dict() if curriculum else None, "kl": kl.state_dict()})
         display.step(record)
         steps_done = step + 1
         if stop_after is not None and steps_done - start_step >= stop_after:
             return TrainResult(rd.path, steps_done, before, None, clock)
+    stream.close()  # rollouts admitted past the last step are dropped
     display.close()
 
-    after = run_eval(steps_done)
+    roles.rollout.sync(weights_snapshot(policy), version)
+    after = run_eval(steps_done, steps_done)
     rd.write_json(rd.eval_file("after"), after)
     save_checkpoint(rd, policy, model_dir, "final")
     display.summary(before, after, rd.path, clock)
     return TrainResult(rd.path, steps_done, before, after, clock)
 
 
-def draw_tasks(specs: dict[str, DomainSpec], counts: dict[str, int], seed: int, step: int) -> list[Task]:
-    """A step's training prompts: counts[d] train tasks of each domain d, seeded by (run seed, step, d)."""
-    return [t for d, k in counts.items() for t in specs[d].source.sample("train", k, step_seed(seed, step, d))]
+def weights_snapshot(policy) -> dict[str, torch.Tensor]:
+    """A copy of the policy's weights for the rollout role, on the CPU: the trainer goes on
+    changing its own tensors while the rollout role copies these into its engine."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in policy.state_dict().items()}
 
 
-def rollout_sampling(seed: int, step: int) -> Callable[[DomainSpec], SamplingParams]:
-    """Each domain's rollout sampling at a step: its own settings, one seed per (run seed, step)."""
-    step_sampling_seed = step_seed(seed, step, "rollout")
-    return lambda spec: replace(spec.sampling, seed=step_sampling_seed)
+def unreported_evals(rd: RunDir, every: int, start_step: int, last: int) -> list[int]:
+    """The held-out evaluations due by `start_step` that no metrics line reports: with
+    max_staleness K > 0 they were still in the pipeline when the run stopped. (An evaluation
+    rides on the ticket of step e + K, so only those before `last` = steps - K are run at all.)
+    A resumed run runs them at its first version (eval_of says which)."""
+    if not every:
+        return []
+    reported = {r["eval_of"]["step"] for r in rd.records(rd.metrics) if r.get("eval_of")}
+    return [e for e in range(every, min(start_step + 1, last), every) if e not in reported]
+
+
+def split_stale(groups: list[Group], version: int, max_staleness: int) -> tuple[list[bool], int]:
+    """Which groups are fresh enough to train on (every sample at most max_staleness versions
+    behind `version`), and how many samples were not: the admission rule's backstop."""
+    fresh = [all(version - x.weight_version <= max_staleness for x in g.samples) for g in groups]
+    return fresh, sum(len(g.samples) for g, ok in zip(groups, fresh) if not ok)
+
+
+def batch_domains(groups: list[Group]) -> list[str]:
+    return sorted({g.task.domain for g in groups})
+
+
+def pipeline_metrics(K: int, batch: RolloutBatch, trainer_version: int, dropped_stale: int, stream: Stream | InlineStream,
+                     idle0: dict[str, float]) -> dict:
+    """The pipeline's block of a metrics line: how stale the step's samples were (versions
+    behind the trainer's at the start of the update), what waited and for how long."""
+    return {"max_staleness": K, "behaviour_version": batch.version,
+            "staleness": staleness_stats(trainer_version, [x.weight_version for g in batch.groups for x in g.samples]),
+            "dropped_stale": dropped_stale, "weight_sync_s": round(batch.sync_seconds, 4),
+            "queues": stream.depths(),
+            "idle_s": {k: round(v - idle0.get(k, 0.0), 4) for k, v in stream.idle.items()}}
+
+
+def write_records(obs: ObsStore | None, records: list) -> None:
+    if obs is not None:
+        for r in records:
+            obs.record(r)
 
 
 def capability(evaluation: dict[str, dict]) -> dict[str, float]:
@@ -249,7 +355,8 @@ def trajectory_records(step: int, groups: list[Group]) -> list[dict]:
         {"step": step, "task_id": g.task.id, "domain": g.task.domain, "group": gi, "sample": j,
          "prompt": g.task.prompt, **x.record(), "token_ids": x.generated_ids,
          "logprobs": [round(v, 5) for v in x.generated_logprobs], "finish_reason": x.finish_reason,
-         "reward": s.value, "details": s.details, "weight_version": x.weight_version, "answer": g.task.answer}
+         "reward": s.value, "details": s.details, "weight_version": x.weight_version, "answer": g.task.answer,
+         **({"token_versions": x.token_versions} if len(set(x.token_versions)) > 1 else {})}
         for gi, g in enumerate(groups) for j, (x, s) in enumerate(zip(g.samples, g.scores))
     ]
 

@@ -75,6 +75,8 @@ def plan(batch: TrainBatch, token_budget: int | None, share_prefix: bool = True)
         if rows:
             prefix = _shared_prefix(batch, rows) if share_prefix else 0
             units += _split(prefix, rows, batch.lengths, token_budget) if token_budget else [(prefix, rows)]
+    if not units:
+        return []  # no counted token (every row masked, or a rank's share of no rows)
     units.sort(key=lambda u: -max(int(batch.lengths[r]) - u[0] for r in u[1]))  # longest rows first
     cuts = _cuts(units, batch.lengths, token_budget) if token_budget else [0, len(units)]
     return [_piece(batch, units[i:j]) for i, j in zip(cuts, cuts[1:])]
@@ -145,12 +147,13 @@ def _piece(batch: TrainBatch, units: list[tuple[int, list[int]]]) -> Piece:
 
 
 def piece_logits(model, piece: Piece, input_ids: Tensor) -> Tensor:
-    """Logits (b, S, V) of the piece's rows at their own positions; input_ids = piece.take(ids)."""
-    positions = piece.start[:, None] + torch.arange(input_ids.shape[1])
+    """Logits (b, S, V) of the piece's rows at their own positions; input_ids = piece.take(ids),
+    on the model's device (the piece itself stays on the host)."""
+    positions = (piece.start[:, None] + torch.arange(input_ids.shape[1])).to(input_ids.device)
     if piece.prefix_ids.shape[0] == 0:
         return model(input_ids, positions)  # right-padded rows from position 0: plain causal
     prefix = PrefixAttention(piece.prefix_of, piece.start)
-    model.hidden(piece.prefix_ids, attention=prefix.recorder())
+    model.hidden(piece.prefix_ids.to(input_ids.device), attention=prefix.recorder())
     return model(input_ids, positions, prefix)
 
 

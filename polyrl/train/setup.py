@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, replace
+from typing import Callable
 
 from polyrl.config import RLTask, RunConfig
 from polyrl.domains.base import Domain
@@ -16,6 +17,7 @@ from polyrl.rewards.registry import get_verifier
 from polyrl.rl.curriculum import CapabilityCurriculum, CurveSettings
 from polyrl.rollout.spec import AgentSpec, DomainSpec
 from polyrl.sandbox.execution_log import ExecutionLog
+from polyrl.types import Task
 
 
 def step_seed(seed: int, step: int, salt: str = "") -> int:
@@ -37,8 +39,10 @@ class Domains:
             v.close()
 
 
-def build_domains(cfg: RunConfig, execution_log: ExecutionLog | None = None) -> Domains:
-    """Domains, verifiers and sampling of `cfg`; code executions are recorded in `execution_log`."""
+def build_domains(cfg: RunConfig, execution_log: ExecutionLog | None = None, verifiers: bool = True) -> Domains:
+    """Domains, verifiers and sampling of `cfg`; code executions are recorded in `execution_log`.
+    verifiers=False leaves the verifiers out (a role that only rolls out: no sandbox pool, no
+    reward models loaded)."""
     specs: dict[str, DomainSpec] = {}
     options: dict[str, tuple[str, dict]] = {}  # verifier key -> (name, options)
     for t in cfg.rl_tasks:
@@ -59,8 +63,9 @@ def build_domains(cfg: RunConfig, execution_log: ExecutionLog | None = None) -> 
             eval_sampling=replace(sampling, max_tokens=cfg.eval.max_tokens or max_tokens),
             kl_coef=cfg.trainer.kl_coef if t.kl_coef is None else t.kl_coef, kl_target=t.kl_target,
             agent=AgentSpec(toolbox, t.max_steps) if toolbox is not None else None)
-    verifiers = {key: _verifier(name, opts, execution_log) for key, (name, opts) in sorted(options.items())}
-    return Domains(specs, verifiers)
+    if not verifiers:
+        return Domains(specs, {})
+    return Domains(specs, {key: _verifier(name, opts, execution_log) for key, (name, opts) in sorted(options.items())})
 
 
 def _source(t: RLTask) -> tuple[Domain, set[str]]:
@@ -87,6 +92,17 @@ def _source(t: RLTask) -> tuple[Domain, set[str]]:
     if t.quarantine:
         tasks = drop_quarantined(tasks, t.quarantine)
     return PackDomain(t.domain, tasks, default), {task.verifier for task in tasks if task.verifier}
+
+
+def draw_tasks(specs: dict[str, DomainSpec], counts: dict[str, int], seed: int, step: int) -> list[Task]:
+    """A step's training prompts: counts[d] train tasks of each domain d, seeded by (run seed, step, d)."""
+    return [t for d, k in counts.items() for t in specs[d].source.sample("train", k, step_seed(seed, step, d))]
+
+
+def rollout_sampling(seed: int, step: int) -> Callable[[DomainSpec], SamplingParams]:
+    """Each domain's rollout sampling at a step: its own settings, one seed per (run seed, step)."""
+    step_sampling_seed = step_seed(seed, step, "rollout")
+    return lambda spec: replace(spec.sampling, seed=step_sampling_seed)
 
 
 def build_curriculum(cfg: RunConfig, weights: dict[str, float]) -> CapabilityCurriculum | None:

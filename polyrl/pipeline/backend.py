@@ -1,0 +1,47 @@
+"""Where the roles live: in this process, or as Ray actors. The pipeline is the same code.
+
+    roles = start_roles(cfg, model_dir, heldout, executions)   # cfg.cluster.backend
+    roles.rollout.run(ticket); roles.reward.finish(batch)       # the same calls either way
+    roles.close()
+
+"local" builds RolloutRole and RewardRole here; "ray" builds each inside a Ray actor of a
+placement group and hands back proxies whose methods wait for the actor's answer
+(ray_roles.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from polyrl.config import RunConfig
+from polyrl.pipeline.roles import RewardRole, RolloutRole
+from polyrl.types import Task
+
+
+@dataclass
+class Roles:
+    rollout: Any
+    """a RolloutRole, or a proxy answering the same calls"""
+    reward: Any
+    """a RewardRole, or a proxy answering the same calls"""
+    closers: list[Callable[[], None]]
+
+    def close(self) -> None:
+        for close in reversed(self.closers):
+            close()
+
+
+def start_roles(cfg: RunConfig, model_dir: Path, heldout: Mapping[str, list[Task]], executions: Path | None) -> Roles:
+    if cfg.cluster.backend == "ray":
+        from polyrl.pipeline.ray_roles import start_ray_roles
+
+        return start_ray_roles(cfg, model_dir, heldout, executions)
+    rollout = RolloutRole(cfg, model_dir, heldout)
+    try:
+        reward = RewardRole(cfg, executions)
+    except BaseException:
+        rollout.close()
+        raise
+    return Roles(rollout, reward, [rollout.close, reward.close])

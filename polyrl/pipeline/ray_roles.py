@@ -1,0 +1,143 @@
+"""The roles as Ray actors in one placement group (cluster.backend: ray).
+
+Each role is built inside its actor from the run config (RolloutRole with its engine and
+engine workers; RewardRole with its sandbox pool and reward models), on the resources
+the run file's `cluster.rollout` / `cluster.reward` ask for. The driver keeps the trainer
+and talks to the actors through proxies with the roles' own methods, so the pipeline
+(stream.py) does not know which backend it drives.
+
+Weights travel once per version: the rollout proxy puts them in Ray's object store
+(`ray.put`) and hands the actor a reference, which every actor of a larger rollout pool
+would share. On GPUs the same seam takes a collective instead: the trainer broadcasts
+the tensors over NCCL (`ray.util.collective`, or torch.distributed in a group the trainer
+and the engines join) and the ticket carries only the version, or, with trainer and
+engine on one GPU, CUDA IPC handles (`torch.multiprocessing.reductions.reduce_tensor`);
+`RolloutRole.sync(weights, version)` is the call either one ends in. Neither is built
+here (there is no GPU on this project's machines).
+
+Out of scope: more than one actor per role, the trainer as an actor (it stays in the
+driver process, where the run directory is), actors on machines that do not share the
+run directory's file system (the execution log is written by the reward actor).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from polyrl.config import RunConfig
+from polyrl.pipeline.backend import Roles
+from polyrl.pipeline.roles import RewardRole, RolloutRole, Ticket
+from polyrl.types import Task
+
+PLACEMENT_TIMEOUT_S = 120
+"""How long to wait for the cluster to fit the placement group before giving up."""
+
+
+def start_ray_roles(cfg: RunConfig, model_dir: Path, heldout: Mapping[str, list[Task]],
+                    executions: Path | None) -> Roles:
+    try:
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    except ImportError:
+        raise RuntimeError("cluster.backend: ray needs Ray: pip install -e '.[ray]'") from None
+
+    closers = []
+    if not ray.is_initialized():
+        if cfg.cluster.address is None:  # a local cluster of this machine, for this run only
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+            need = cfg.cluster.rollout.num_cpus + cfg.cluster.reward.num_cpus
+            ray.init(num_cpus=max(os.cpu_count() or 1, int(need + 0.999)), include_dashboard=False,
+                     log_to_driver=False, configure_logging=False)
+        else:
+            ray.init(address=cfg.cluster.address, log_to_driver=False, configure_logging=False)
+        closers.append(ray.shutdown)
+    roles = {"rollout": cfg.cluster.rollout, "reward": cfg.cluster.reward}
+    bundles = [{"CPU": r.num_cpus, **({"GPU": r.num_gpus} if r.num_gpus else {})} for r in roles.values()]
+    group = placement_group(bundles, strategy="PACK")
+    closers.append(lambda: remove_placement_group(group))
+    ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
+    if not ready:
+        _close(closers)
+        raise RuntimeError(f"the Ray cluster cannot place the roles' resources {bundles} within "
+                           f"{PLACEMENT_TIMEOUT_S} s; lower cluster.rollout / cluster.reward or add nodes")
+    actor = ray.remote(RoleActor)
+    handles = {}
+    for i, (name, res) in enumerate(roles.items()):
+        args = (cfg, model_dir, heldout) if name == "rollout" else (cfg, executions)
+        handles[name] = actor.options(
+            num_cpus=res.num_cpus, num_gpus=res.num_gpus, name=None, max_concurrency=1,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i),
+        ).remote(name, *args)
+    rollout, reward = RayRollout(handles["rollout"]), RemoteRole(handles["reward"])
+    try:  # building a role fails loudly here, not at its first call
+        ray.get([h.ready.remote() for h in handles.values()])
+    except BaseException:
+        _close(closers)
+        raise
+    closers += [lambda: _close_actor(handles["reward"]), lambda: _close_actor(handles["rollout"])]
+    return Roles(rollout, reward, closers)
+
+
+class RoleActor:
+    """A role inside a Ray actor: `call(method, *args)` runs the role's method."""
+
+    def __init__(self, kind: str, *args: Any) -> None:
+        self.role = RolloutRole(*args) if kind == "rollout" else RewardRole(*args)
+
+    def ready(self) -> bool:
+        return True
+
+    def call(self, method: str, *args: Any) -> Any:
+        return getattr(self.role, method)(*args)
+
+    def run_with(self, ticket: Ticket, weights: Any) -> Any:
+        """RolloutRole.run with the weights resolved from the object store."""
+        return self.role.run(replace(ticket, weights=weights))
+
+
+class RemoteRole:
+    """A proxy: role.method(*args) runs in the actor and returns its answer."""
+
+    def __init__(self, actor: Any) -> None:
+        self._actor = actor
+
+    def __getattr__(self, method: str):
+        import ray
+
+        return lambda *args: ray.get(self._actor.call.remote(method, *args))
+
+
+class RayRollout(RemoteRole):
+    """The rollout proxy; weights go through the object store, once per version."""
+
+    def run(self, ticket: Ticket) -> Any:
+        import ray
+
+        if ticket.weights is None:
+            return ray.get(self._actor.call.remote("run", ticket))
+        ref = ray.put(ticket.weights)
+        return ray.get(self._actor.run_with.remote(replace(ticket, weights=None), ref))
+
+    def sync(self, weights: Any, version: int) -> float:
+        import ray
+
+        return ray.get(self._actor.call.remote("sync", ray.put(weights), version))
+
+
+def _close_actor(actor: Any) -> None:
+    import ray
+
+    try:
+        ray.get(actor.call.remote("close"), timeout=60)
+    except Exception:  # noqa: BLE001 - closing is best effort; the actor is killed anyway
+        pass
+    ray.kill(actor)
+
+
+def _close(closers: list) -> None:
+    for close in reversed(closers):
+        close()

@@ -1,0 +1,88 @@
+"""The pipeline on a local Ray cluster: rollout and reward roles as actors in a placement
+group, a four-domain run (code in the sandbox, agent episodes, math, alignment judged by
+reward models), synchronous and K = 1, with the trainer in the test's process."""
+
+import json
+
+import pytest
+
+pytest.importorskip("ray")
+
+from polyrl.config import load_config_text  # noqa: E402
+from polyrl.train.loop import train  # noqa: E402
+from tests.helpers import random_model_dir  # noqa: E402
+from tests.test_alignment import MICRO_RM, rm_cache  # noqa: E402, F401  (the module-scoped fixture)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    import ray
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()
+    mp.undo()
+
+
+def four_domains(model_dir, K):
+    return load_config_text(f"""
+seed: 1
+rl_tasks:
+  - domain: code
+    weight: 0.3
+  - domain: agent
+    weight: 0.3
+    max_steps: 2
+  - domain: math
+    weight: 0.2
+  - domain: alignment
+    weight: 0.2
+    reward_options: {{members: 2, recipe: {json.dumps(MICRO_RM)}}}
+model:
+  path: {model_dir}
+engine:
+  max_tokens: 12
+trainer:
+  steps: 3
+  prompts_per_step: 4
+  group_size: 2
+  overlong: none
+  drop_zero_variance: false
+  max_staleness: {K}
+eval:
+  every: 2
+  heldout_per_domain: 2
+  samples: 1
+  greedy: false
+cluster:
+  backend: ray
+  rollout: {{num_cpus: 1}}
+  reward: {{num_cpus: 1}}
+""")
+
+
+@pytest.mark.parametrize("K", [0, 1])
+def test_a_four_domain_run_on_ray_actors(tmp_path, rm_cache, monkeypatch, ray_cluster, K):  # noqa: F811
+    monkeypatch.setenv("POLYRL_CACHE", str(rm_cache))  # the actors read the micro reward models here
+    model_dir = random_model_dir(tmp_path / "model")
+    result = train(four_domains(model_dir, K), tmp_path / "run", log=lambda *_: None)
+    assert result.steps_done == 3 and result.after is not None
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [0, 1, 2]
+    for m in metrics:
+        assert set(m["domains"]) <= {"code", "agent", "math", "alignment"}
+        assert m["pipeline"]["staleness"]["max"] <= K
+    assert {d for m in metrics for d in m["domains"]} == {"code", "agent", "math", "alignment"}
+    assert set(result.after) == {"code", "agent", "math", "alignment"}
+    # code ran in the reward actor's sandbox and was logged to the run directory
+    assert (tmp_path / "run" / "executions.jsonl").read_text().strip()
+    # agent episodes' model and tool calls came back from the rollout actor to the store
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "run" / "obs.sqlite") as db:
+        kinds = {k for (k,) in db.execute("select kind from records")}
+    assert {"model", "episode"} <= kinds
+    assert not ray_cluster.util.placement_group_table() or all(
+        pg["state"] == "REMOVED" for pg in ray_cluster.util.placement_group_table().values())
