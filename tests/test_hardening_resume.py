@@ -45,11 +45,26 @@ from polyrl.train import run_dir as run_dir_module
 from polyrl.train.loop import train
 
 run, kill_at, torn, run_file = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
+disk_full = sys.argv[3] == "full"  # the kill_at-th write fills the disk part-way instead
 writes = [0]
 real_append, real_save = jsonl.append_lines, run_dir_module.RunDir.save_state
 
+class FullOs:  # os, with a disk that fills up after a few bytes of the next write
+    def write(self, fd, data):
+        os.write(fd, bytes(data[:7]))
+        raise OSError(28, "No space left on device")
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
 def append_lines(path, lines):
     writes[0] += 1
+    if writes[0] == kill_at and disk_full:
+        jsonl.os = FullOs()
+        try:
+            return real_append(path, lines)
+        finally:
+            jsonl.os = os
     if writes[0] == kill_at:
         if torn and lines:
             data = ("\n".join(lines)).encode()
@@ -113,6 +128,28 @@ def test_kill_9_at_random_moments_then_resume_equals_a_straight_run(tmp_path, pa
     for name in ("before", "after"):
         assert json.loads((run / "eval" / f"{name}.json").read_text()) == \
             json.loads((tmp_path / "straight" / "eval" / f"{name}.json").read_text())
+
+
+def test_a_disk_that_fills_mid_run_stops_cleanly_and_resume_equals_a_straight_run(tmp_path, parity_reward):
+    """The disk fills inside the trajectories write of step 2: the run stops with a disk-full
+    error, the half-written line is taken back, and --resume (space freed) ends where a
+    straight run ends."""
+    model = random_model_dir(tmp_path / "model")
+    (tmp_path / "run.yaml").write_text(CONFIG.format(model=model, steps=STEPS))
+    train(load_config_text(CONFIG.format(model=model, steps=STEPS)), tmp_path / "straight", log=lambda *_: None)
+    run = tmp_path / "full"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    full = subprocess.run([sys.executable, "-c", CHILD, str(run), str(4 * 2 + 2), "full", str(tmp_path / "run.yaml")],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert full.returncode == 1 and "DiskFull" in full.stderr and "--resume" in full.stderr, full.stderr[-2000:]
+    assert all(line.endswith("}") for line in (run / "trajectories.jsonl").read_text().splitlines())
+    done = subprocess.run([sys.executable, "-c", CHILD, str(run), str(10**6), "0", str(tmp_path / "run.yaml")],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for name in ("metrics.jsonl", "trajectories.jsonl"):
+        assert comparable(run, name) == comparable(tmp_path / "straight", name), name
+    assert json.loads((run / "eval" / "after.json").read_text()) == \
+        json.loads((tmp_path / "straight" / "eval" / "after.json").read_text())
 
 
 SIDE_LOGS_CONFIG = """
