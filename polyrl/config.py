@@ -4,7 +4,7 @@ A run file is YAML. `load_config` parses it, validates it against `RunConfig` an
 anything is wrong, raises one `ConfigError` listing every problem, one per line:
 
     run.yaml:12: trainer.lr: got -1; must be > 0
-    run.yaml:4: rl_tasks[0].wieght: unknown key 'wieght'; allowed: domain, reward, weight, pack, quarantine, kl_coef, kl_target, max_tokens, reward_options, check, max_steps; did you mean 'weight'?
+    run.yaml:4: rl_tasks[0].wieght: unknown key 'wieght'; allowed: domain, reward, weight, pack, quarantine, kl_coef, kl_target, max_tokens, reward_options, check, max_steps, on_flag; did you mean 'weight'?
 
 Every default lives in the field definitions below; a run file only states what differs.
 Out of scope: command-line overrides and what a field means at run time (the trainer,
@@ -39,6 +39,7 @@ from polyrl.pipeline.scheduler import SchedulerConfig
 __all__ = [
     "ConfigError",
     "Problem",
+    "OnFlag",
     "RLTask",
     "PolicyConfig",
     "EngineConfig",
@@ -57,6 +58,27 @@ the limits its field's docstring states."""
 
 
 # ---------------------------------------------------------------------------- schema
+
+
+class OnFlag(BaseModel):
+    """What the run does when the reward monitor flags the domain as a whole (flags.jsonl:
+    train_heldout_divergence, the training reward rising while held-out accuracy does not;
+    reward_without_check_heldout, the held-out reward rising while the independent check
+    does not, or falling below its best or its start). Applied at the step of the flag, from
+    the next admitted rollout on, and logged on that step's metrics line (`flag_actions`)."""
+
+    model_config = _STRICT
+
+    actions: list[Literal["raise_kl", "lower_weight", "stop"]] = Field(default_factory=list, max_length=3)
+    """in order, at every new flag: raise_kl multiplies the domain's KL coefficient by kl_factor
+    (at least kl_min); lower_weight caps its share of each batch at `weight`; stop trains it no
+    more (it is still evaluated). [] = the flag is only written"""
+    kl_factor: float = Field(4.0, gt=1, le=1000)
+    """raise_kl: the factor on the domain's KL coefficient (at most 1000)"""
+    kl_min: float = Field(0.05, gt=0, le=100)
+    """raise_kl: the least coefficient afterwards, so that a domain trained without KL gets one"""
+    weight: float = Field(0.05, gt=0, lt=1)
+    """lower_weight: the largest share of each batch the domain keeps"""
 
 
 class RLTask(BaseModel):
@@ -91,6 +113,8 @@ class RLTask(BaseModel):
     null = the domain's default check (alignment: rule_check), if it has one"""
     max_steps: int = Field(8, gt=0, le=10_000)
     """agent domains: model calls an episode may make before it must answer (at most 10,000)"""
+    on_flag: OnFlag = Field(default_factory=OnFlag)
+    """what a reward-hacking or divergence flag on this domain does (default: nothing but the flag)"""
 
 
 class PolicyConfig(BaseModel):
@@ -152,6 +176,11 @@ class TrainerConfig(BaseModel):
     kl_horizon: int = Field(10000, gt=0, le=10**12)
     """adaptive KL (rl_tasks[].kl_target): samples over which a coefficient moves by at most
     20%; a domain's coefficient changes by up to 0.2 * its samples per step / kl_horizon"""
+    kl_rate: float | None = Field(None, gt=0, le=5)
+    """adaptive KL in log space instead: each step a coefficient is multiplied by
+    exp(kl_rate * clip(ln(KL / target), -1, 1)), up to e^kl_rate whatever the domain's size
+    (0.1: a 100-fold change takes 46 steps), and never below the domain's starting kl_coef;
+    null = the proportional controller over kl_horizon"""
     ppo_epochs: int = Field(1, gt=0, le=100)
     """passes over each rollout batch (at most 100)"""
     minibatches: int = Field(1, gt=0, le=2**20)

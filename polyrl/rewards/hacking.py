@@ -22,12 +22,12 @@ scales (both 0..1 here). Pure: no I/O, no models.
 
 Over-optimisation can also creep in slower than any window sees: the proxy gains a
 little per evaluation and the check loses a little. `detect_decline` catches that from
-the check's best evaluation on: the proxy now higher by `min_gain`, the check lower by
-`min_drop` (both as means of the last `recent` evaluations). `HackingMonitor` applies
-both tests.
+the check's best evaluation on, and from the first evaluation on (the check below where
+it started): the proxy now higher by `min_gain`, the check lower by `min_drop` (both as
+means of the last `recent` evaluations). `HackingMonitor` applies both tests.
 
-Out of scope: deciding what to do about it (stop, raise the KL target, retrain the
-RM); per-sample attribution of which answers exploit the model.
+Out of scope: deciding what to do about it (the run's on_flag policy,
+train/flag_policy.py); per-sample attribution of which answers exploit the model.
 """
 
 from __future__ import annotations
@@ -79,20 +79,27 @@ def detect_hacking(proxy: Sequence[float], check: Sequence[float], window: int =
 
 def detect_decline(proxy: Sequence[float], check: Sequence[float], min_gain: float = 0.05, min_drop: float = 0.03,
                    recent: int = 3) -> HackingVerdict:
-    """Flag when, since the check's best evaluation, the proxy's mean over the last `recent`
-    evaluations rose at least `min_gain` above its value there and the check's mean fell at
-    least `min_drop` below its best (the recent evaluations all come after the best)."""
+    """Flag when, since the check's best evaluation or since the first one, the proxy's mean
+    over the last `recent` evaluations rose at least `min_gain` above its value there and the
+    check's mean fell at least `min_drop` below its value there (the recent evaluations all
+    come after it). From the best: a slow slide; from the first: the check below its start."""
     assert len(proxy) == len(check), "proxy and check must be measured on the same evaluations"
     assert min_gain > 0 and min_drop > 0 and recent >= 1
     n = len(check)
     best = max(range(n), key=lambda i: check[i]) if n else 0  # the first best
-    if n - recent <= best:
-        return HackingVerdict(False, f"the check's best is among the last {recent} of {n} evaluations", 0.0, 0.0, n)
-    gain = sum(proxy[-recent:]) / recent - proxy[best]
-    drop = check[best] - sum(check[-recent:]) / recent
-    reason = (f"proxy rose {gain:+.3f} since the independent check's best (evaluation {best + 1} of {n}, "
-              f"{check[best]:.3f}) while the check fell {drop:.3f} (means of the last {recent} evaluations)")
-    return HackingVerdict(gain >= min_gain and drop >= min_drop, reason, gain, -drop, n)
+    verdict = HackingVerdict(False, f"the check's best is among the last {recent} of {n} evaluations", 0.0, 0.0, n)
+    for ref, what in ((best, "best"), (0, "start")):
+        if n - recent <= ref:
+            continue
+        gain = sum(proxy[-recent:]) / recent - proxy[ref]
+        drop = check[ref] - sum(check[-recent:]) / recent
+        verdict = HackingVerdict(gain >= min_gain and drop >= min_drop,
+                                 f"proxy rose {gain:+.3f} since the independent check's {what} (evaluation {ref + 1} "
+                                 f"of {n}, {check[ref]:.3f}) while the check fell {drop:.3f} (means of the last "
+                                 f"{recent} evaluations)", gain, -drop, n)
+        if verdict.flagged:
+            return verdict
+    return verdict
 
 
 class HackingMonitor:

@@ -18,7 +18,9 @@ curriculum (static: the run file's weights; capability_curve: moved after every
 held-out evaluation, rl/curriculum.py), and each domain's KL coefficient from its own
 controller (rl/kl_control.py: adaptive toward rl_tasks[].kl_target, else fixed). Both
 are logged on every metrics line with the reason for their values, and saved in the
-state for resume.
+state for resume. A flag of the reward monitor on a domain acts through both, as the
+domain's rl_tasks[].on_flag says (train/flag_policy.py: raise its KL coefficient, cap or
+stop its share); the metrics line of the flag's step says what was done and why.
 
 Interruptions: the run directory is locked and, on resume, rolled back to the last whole
 step (train/run_dir.py); Ctrl-C ends the run at the next step boundary
@@ -53,6 +55,7 @@ from polyrl.rollout.groups import Group
 from polyrl.train.batch import build_batch
 from polyrl.train.display import Display
 from polyrl.train.distributed import init_from_env
+from polyrl.train.flag_policy import FlagPolicy
 from polyrl.train.interrupts import StopAtStepBoundary
 from polyrl.train.monitor import RewardMonitor
 from polyrl.train.run_dir import RunDir
@@ -108,8 +111,9 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
         closing.callback(obs.close)
     curriculum = build_curriculum(cfg, {d: s.weight for d, s in specs.items()})  # None: static weights
     kl = PerDomainKL({d: s.kl_coef for d, s in specs.items()}, {d: s.kl_target for d, s in specs.items()},
-                     cfg.trainer.kl_horizon)
-    uses_kl = any(s.kl_coef > 0 for s in specs.values())
+                     cfg.trainer.kl_horizon, rate=cfg.trainer.kl_rate)
+    on_flag = FlagPolicy({t.domain: t.on_flag for t in cfg.rl_tasks})
+    uses_kl = any(s.kl_coef > 0 for s in specs.values()) or any("raise_kl" in t.on_flag.actions for t in cfg.rl_tasks)
     ref = dp.wrap(copy.deepcopy(policy).eval().requires_grad_(False)) if uses_kl else None
     policy = dp.wrap(policy)  # on trainer.device
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.trainer.lr, betas=(0.9, 0.99),
@@ -140,23 +144,31 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
             curriculum = CapabilityCurriculum.from_state(state["curriculum"], curriculum.settings)
         if state.get("kl"):
             kl = PerDomainKL.from_state(state["kl"])
+        on_flag.load_state_dict(state.get("on_flag"))
         log(f"resuming {rd.path} at step {start_step}")
 
     def shares() -> tuple[dict[str, float], dict | None]:
-        """The domain shares a rollout admitted now uses, and their reasons."""
-        return (curriculum.weights, curriculum.reasons) if curriculum else ({d: s.weight for d, s in specs.items()}, None)
+        """The domain shares a rollout admitted now uses, and their reasons (a stopped domain left out)."""
+        if curriculum:
+            return on_flag.shares(curriculum.weights, curriculum.reasons)
+        return on_flag.shares({d: s.weight for d, s in specs.items()}, None)
 
     display = Display(cfg.trainer.steps, start_step, before, log)
     closing.callback(display.close)
     monitor = RewardMonitor()  # suspicious reward patterns -> RUN_DIR/flags.jsonl (train/monitor.py)
+    monitor.load_state_dict(state.get("monitor") if state else None)
     stream = (InlineStream if cfg.cluster.backend == "inline" else Stream)(roles.rollout, roles.reward, depth=K + 1)
     closing.callback(stream.close)
     admitted: dict[int, tuple] = {}  # step -> the shares its rollout drew with (the metrics line names them)
 
-    def admit(step: int, weights: dict | None = None, eval_step: int | None = None) -> None:
+    def admit(step: int, weights: dict | None = None, eval_step: int | None = None) -> bool:
+        """Submit step's rollout ticket; False when every domain has been stopped (on_flag)."""
         admitted[step] = shares()
+        if not admitted[step][0]:
+            return False
         stream.submit(Ticket(step, version, allocate(cfg.trainer.prompts_per_step, admitted[step][0]), weights,
                              eval_step))
+        return True
 
     pending = unreported_evals(rd, cfg.eval.every, start_step, cfg.trainer.steps - K) if K > 0 and state else []
     for t in range(start_step, min(start_step + K + 1, cfg.trainer.steps)):  # admitted from the start
@@ -236,8 +248,15 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
                 moved = curriculum.update(step + 1, capability(record["eval"]))
                 record["curriculum_update"] = {"weights": {d: round(w, 4) for d, w in sorted(moved.weights.items())},
                                                "reasons": moved.reasons}
+        flags = monitor.step(step, groups, record, specs)  # suspicious patterns -> flags.jsonl, and what they do
+        actions = on_flag.act(step, flags, kl)
+        if actions:
+            record["flag_actions"] = actions
+            for a in actions:
+                log(f"step {step}: {a['domain']} flagged ({a['flag']}): {', '.join(a['actions'])}")
+        exhausted = False
         if step + 1 + K < cfg.trainer.steps:
-            admit(step + 1 + K, new_weights, step + 1 if eval_due and K > 0 else None)
+            exhausted = not admit(step + 1 + K, new_weights, step + 1 if eval_due and K > 0 else None)
             engine_version = version
         record["pipeline"] = pipeline_metrics(K, batch, trainer_version, dropped_stale, stream, idle0)
         record["pipeline"].update({k: v for k, v in stats.items() if k in ("iw", "mismatch_kl")})
@@ -249,16 +268,20 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
         write_records(obs, batch.records + [r for ev in evals for r in ev.records])
         rd.append(rd.metrics, [record])
         rd.append(rd.trajectories, trajectory_records(step, groups))
-        rd.append(rd.flags, monitor.step(step, groups, record, specs))
+        rd.append(rd.flags, flags)
         if (step + 1) % cfg.trainer.checkpoint_every == 0:
             save_checkpoint(rd, policy, model_dir, f"step-{step + 1:06d}")
         rd.save_state({"step": step + 1, "clock": clock, "rollout_tokens": rollout_tokens, "policy_version": version,
                        "policy": policy.state_dict(), "optimizer": optimizer.state_dict(),
-                       "curriculum": curriculum.state_dict() if curriculum else None, "kl": kl.state_dict()})
+                       "curriculum": curriculum.state_dict() if curriculum else None, "kl": kl.state_dict(),
+                       "on_flag": on_flag.state_dict(), "monitor": monitor.state_dict()})
         display.step(record)
         steps_done = step + 1
         if stop_after is not None and steps_done - start_step >= stop_after:
             return TrainResult(rd.path, steps_done, before, None, clock)
+        if exhausted:
+            log(f"stopping after step {step}: every domain has been stopped by its on_flag policy")
+            break
     stream.close()  # rollouts admitted past the last step are dropped
     display.close()
 

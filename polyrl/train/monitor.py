@@ -16,8 +16,9 @@ the training loop appends them to RUN_DIR/flags.jsonl. Three patterns:
   or has fallen since its best (`HackingMonitor`): the policy games the reward model.
   Also domain-level; needs eval.every > 0.
 
-Out of scope: acting on a flag, and restoring the monitor's history on resume (it
-restarts from the resumed step).
+Acting on a flag is the run's `on_flag` policy (train/flag_policy.py). `state_dict` and
+`load_state_dict` carry the monitor's history across a resume, so a resumed run flags
+what the uninterrupted run would have.
 """
 
 from __future__ import annotations
@@ -91,6 +92,19 @@ class RewardMonitor:
         verdict = self.checks.observe(domain, step, proxy=reward, check=check)
         return self._flag(step, "reward_without_check_heldout", domain, verdict.flagged,
                           verdict.reason.replace("proxy", "held-out reward"))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pending": {d: list(v) for d, v in self.pending.items()},
+                "points": {d: [list(p) for p in v] for d, v in self.points.items()},
+                "checks": self.checks.to_dict(), "flagged": sorted(list(f) for f in self.flagged)}
+
+    def load_state_dict(self, state: Mapping[str, Any] | None) -> None:
+        if not state:
+            return
+        self.pending = {d: [float(x) for x in v] for d, v in state["pending"].items()}
+        self.points = {d: [(float(a), float(b)) for a, b in v] for d, v in state["points"].items()}
+        self.checks = HackingMonitor.from_dict(state["checks"])
+        self.flagged = {(kind, domain) for kind, domain in state["flagged"]}
 
     def _flag(self, step: int, kind: str, domain: str, flagged: bool, reason: str) -> dict[str, Any] | None:
         """One flag per divergence episode, not one per evaluation."""
