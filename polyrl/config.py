@@ -4,7 +4,7 @@ A run file is YAML. `load_config` parses it, validates it against `RunConfig` an
 anything is wrong, raises one `ConfigError` listing every problem, one per line:
 
     run.yaml:12: trainer.lr: got -1; must be > 0
-    run.yaml:4: rl_tasks[0].wieght: unknown key 'wieght'; allowed: domain, reward, weight, pack, quarantine, kl_coef, kl_target, max_tokens, reward_options, check, max_steps, on_flag; did you mean 'weight'?
+    run.yaml:4: rl_tasks[0].wieght: unknown key 'wieght'; allowed: domain, reward, weight, pack, options, quarantine, kl_coef, kl_target, max_tokens, reward_options, check, max_steps, on_flag; did you mean 'weight'?
 
 Every default lives in the field definitions below; a run file only states what differs.
 Out of scope: command-line overrides and what a field means at run time (the trainer,
@@ -28,7 +28,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
-from polyrl.config_checks import MAX_SAMPLES_PER_STEP, fit_problems, model_problem, option_problems, pack_problems
+from polyrl.config_checks import (
+    MAX_SAMPLES_PER_STEP, domain_option_problems, fit_problems, model_problem, option_problems, pack_problems,
+)
 from polyrl.config_messages import (
     MAX_RUN_FILE_BYTES, Refused, SafeRunLoader, did_you_mean, dotted, duplicate_keys, explain, line_for,
     refuse_expansion, show,
@@ -94,6 +96,10 @@ class RLTask(BaseModel):
     """relative share of training prompts drawn from this domain (at most 1e6)"""
     pack: str | None = None
     """JSONL task pack; a relative path is resolved against the run file's directory"""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """keyword options of a built-in domain (not a pack), for both its train and held-out tasks:
+    levels (math, code, agent: a subset of 1-4) and their relative weights, e.g. {levels: [1, 2]};
+    intents (alignment)"""
     quarantine: str | None = None
     """file of task ids to leave out of training (one per line, or JSONL with id/task_id, such as
     `polyrl audit --write-quarantine` output or a run's flags.jsonl); relative to the run file like `pack`"""
@@ -502,6 +508,7 @@ def _semantic_problems(data: Any, base_dir: Path | None) -> list[tuple[tuple, st
             elif isinstance(domain, str) and domains is not None and domain in domains:
                 problems += fit_problems(i, task, domain)
             problems += option_problems(i, task)
+            problems += domain_option_problems(i, task)
             quarantine = task.get("quarantine")
             if isinstance(quarantine, str) and not _resolve_pack(quarantine, base_dir or Path.cwd()).is_file():
                 problems.append((("rl_tasks", i, "quarantine"), f"got {quarantine!r}; no such file (looked for "

@@ -99,6 +99,34 @@ def option_problems(i: int, task: dict) -> list[tuple[tuple, str]]:
              f"{did_you_mean(str(key), takes)}") for key in options if key not in takes]
 
 
+def domain_option_problems(i: int, task: dict) -> list[tuple[tuple, str]]:
+    """options must be what the built-in domain takes (it is built with them to find out)."""
+    import inspect
+
+    from polyrl.domains.registry import UnknownDomain, domain_class
+
+    options, name = task.get("options"), str(task.get("domain"))
+    if not isinstance(options, dict) or not options:
+        return []
+    loc = ("rl_tasks", i, "options")
+    if task.get("pack") is not None:
+        return [(loc, "options are for built-in domains; a pack's tasks are the ones in its file")]
+    try:
+        cls = domain_class(name)
+    except UnknownDomain:
+        return []  # the domain's own error
+    takes = [p for p in inspect.signature(cls).parameters if p != "self"]
+    unknown = [key for key in options if key not in takes]
+    if unknown:
+        return [(loc + (key,), f"unknown option of the {name} domain; it takes {', '.join(takes) or 'none'}"
+                 f"{did_you_mean(str(key), takes)}") for key in unknown]
+    try:
+        cls(**options)
+    except (TypeError, ValueError) as err:
+        return [(loc, str(err))]
+    return []
+
+
 def model_problem(path: str) -> str | None:
     """Why model.path names no model polyrl can load, or None (built-in names: is one so called)."""
     if path.startswith("builtin:"):

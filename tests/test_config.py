@@ -214,3 +214,21 @@ def test_to_yaml_round_trips(tmp_path):
         assert field in written
     assert load_config_text(written) == cfg
     assert load_config_text(default_config().to_yaml()) == default_config()
+
+
+def test_options_of_a_built_in_domain_choose_its_levels(tmp_path):
+    from polyrl.train.setup import build_domains
+
+    cfg = load_config_text("rl_tasks:\n  - {domain: math, weight: 1, options: {levels: [1, 2], weights: [3, 1]}}\n")
+    source = build_domains(cfg, verifiers=False).specs["math"].source
+    assert {t.difficulty for t in source.sample("train", 60, seed=0)} == {1, 2}
+    assert {t.difficulty for t in source.sample("heldout", 60, seed=0)} == {1, 2}
+    assert errors("rl_tasks:\n  - {domain: math, weight: 1, options: {level: [1]}}\n") == [
+        "run.yaml:2: rl_tasks[0].options.level: unknown option of the math domain; it takes levels, weights; "
+        "did you mean 'levels'?"]
+    assert errors("rl_tasks:\n  - {domain: math, weight: 1, options: {levels: [1, 5]}}\n") == [
+        "run.yaml:2: rl_tasks[0].options: math levels must be a non-empty subset of (1, 2, 3, 4), got [1, 5]"]
+    (tmp_path / "p.jsonl").write_text('{"id": "a", "domain": "math", "prompt": "1+1?", "answer": "2", "split": "heldout"}\n')
+    (line,) = errors("rl_tasks:\n  - {domain: mine, pack: p.jsonl, weight: 1, options: {levels: [1]}}\n",
+                     base_dir=tmp_path)
+    assert line.endswith("rl_tasks[0].options: options are for built-in domains; a pack's tasks are the ones in its file")

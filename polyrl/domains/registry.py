@@ -28,10 +28,14 @@ def available_domains() -> list[str]:
     return sorted(_DOMAINS)
 
 
-def get_domain(name: str, **options: Any) -> Domain:
-    """A built-in domain by name, constructed with `options` (e.g. levels=(1, 2))."""
+def domain_class(name: str) -> type:
+    """The class of a built-in domain, imported on first use."""
     if name not in _DOMAINS:
         raise UnknownDomain(name)
     module_name, _, class_name = _DOMAINS[name].partition(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    return cls(**options)
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def get_domain(name: str, **options: Any) -> Domain:
+    """A built-in domain by name, constructed with `options` (e.g. levels=(1, 2))."""
+    return domain_class(name)(**options)

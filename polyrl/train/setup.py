@@ -75,7 +75,7 @@ def _source(t: RLTask) -> tuple[Domain, set[str]]:
     from polyrl.domains.registry import get_domain
 
     if not t.pack:
-        domain = get_domain(t.domain)
+        domain = get_domain(t.domain, **t.options)
         return (QuarantinedDomain(domain, read_quarantine(t.quarantine)) if t.quarantine else domain), set()
     loaded = load_pack(t.pack)
     if loaded.errors:
