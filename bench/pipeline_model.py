@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/pipeline_model.py --run-dir RUN_DIR [--measured 1=1.45,2=1.52,4=1.55]
     .venv/bin/python bench/pipeline_model.py --rollout 0.233 --reward 0.096 --update 0.198 [--sync 0.01]
-        [--update-one-core 0.30] [--reward-one-core 0.12] [--preset long-tail] [--json]
+        [--update-one-core 0.30] [--reward-one-core 0.12] [--measured 1=0.93,2=0.91 --fit-contention 1]
+        [--preset long-tail] [--json]
 
 Calibration: the phase times of a synchronous run (trainer.max_staleness 0), per step:
 given on the command line, or the medians over a run directory's metrics.jsonl lines
@@ -39,7 +40,9 @@ Resources, and the assumptions that come with them (printed beside the predictio
   demand is the cores it keeps busy on average when alone: 1 for an engine worker,
   a(cores) = 1 / ((1 - p) + p / cores) for the trainer and the reward role (Amdahl, p =
   --update-parallel / --reward-parallel). While the demands of the active roles sum to d >
-  cores, each runs at speed cores / d. So overlap pays off as far as the phases leave
+  cores, each runs at speed cores / d, times (1 - contention): what sharing costs beyond
+  the split itself (caches, oversubscribed threads; --contention C, or --fit-contention K
+  to fit it to the measured speed-up at one K and test it on the others). So overlap pays off as far as the phases leave
   cores idle (p < 1, the generation tail, the gaps between phases); with every core busy
   in every phase it would not pay at all.
 - N accelerators (8, 64, 512): weak scaling of the measured step, N / accelerators copies
@@ -74,7 +77,7 @@ import random
 import statistics
 import sys
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 ANCHORS = {"AReaL": "2.77x", "verl fully_async": "2.35x-2.67x", "ROLL Flash": "2.24x"}
@@ -114,6 +117,9 @@ class Workload:
     """p of the update on the reference cores (Amdahl)"""
     reward_parallel: float = 0.5
     """p of the reward role on the reference cores (Amdahl)"""
+    contention: float = 0.0
+    """1 machine: the share of speed every role loses while their demand exceeds the cores
+    (cache and thread oversubscription; fitted with --fit-contention)"""
 
     @property
     def sync_step_s(self) -> float:
@@ -141,6 +147,8 @@ class Spec:
     update_parallel: float = 1.0
     reward_parallel: float = 1.0
     pause_during_sync: bool = True
+    contention: float = 0.0
+    """with cores: speed lost by every role while the demand exceeds the cores"""
 
 
 @dataclass
@@ -251,7 +259,8 @@ def simulate(spec: Spec, warmup: int | None = None) -> Result:
         if spec.cores is None:
             return
         active = [e for e in engines if e.demand() > 0] + tasks
-        speed = min(1.0, spec.cores / max(1e-12, sum(x.demand() for x in active)))
+        demand = sum(x.demand() for x in active)
+        speed = min(1.0, spec.cores / max(1e-12, demand)) * (1 - spec.contention if demand > spec.cores else 1.0)
         for x in active:
             x.settle(now)
             x.speed = speed
@@ -402,7 +411,8 @@ def calibrate_tau0(w: Workload, lengths) -> float:
 def one_machine(w: Workload, k: int, lengths, tau0: float) -> Spec:
     """The measured machine: every role shares its cores (processor sharing)."""
     return Spec(w.engines, w.slots, tau0, w.decode_fixed, lengths, w.group_size, w.reward_s, w.update_s, w.sync_s, k,
-                cores=w.accelerators, update_parallel=w.update_parallel, reward_parallel=w.reward_parallel)
+                cores=w.accelerators, update_parallel=w.update_parallel, reward_parallel=w.reward_parallel,
+                contention=w.contention)
 
 
 @dataclass(frozen=True)
@@ -449,6 +459,25 @@ def best_split(w: Workload, n: int, k: int, lengths, tau0: float, a: ClusterAssu
             lo = m1
     i = min(range(lo, hi + 1), key=at)
     return grid[i], cache[grid[i]]
+
+
+def fit_contention(w: Workload, k: int, measured: float, steps: int = 24, seed: int = 0) -> float:
+    """The contention at which the 1-machine speed-up at staleness k equals `measured` (bisection
+    over [0, 0.9]; 0 when even no contention predicts less)."""
+    lengths = draw_lengths(w, steps, 1, seed)
+    tau0 = calibrate_tau0(w, lengths)
+    sync = simulate(one_machine(w, 0, lengths, tau0)).step_s
+
+    def speedup(c: float) -> float:
+        return sync / simulate(one_machine(replace(w, contention=c), k, lengths, tau0)).step_s
+
+    lo, hi = 0.0, 0.9
+    if speedup(lo) <= measured:
+        return 0.0
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if speedup(mid) > measured else (lo, mid)
+    return (lo + hi) / 2
 
 
 def predict(w: Workload, a: ClusterAssumptions, steps: int = 24, scales=SCALES, seed: int = 0,
@@ -573,6 +602,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=24, help="steps simulated per configuration (the first and last quarter are left out)")
     ap.add_argument("--preset", choices=sorted(PRESETS), help="also model a preset workload (the anchors' regime)")
     ap.add_argument("--measured", help="measured 1-machine speed-ups to compare, e.g. 1=1.45,2=1.52,4=1.55")
+    ap.add_argument("--contention", type=float, help="1 machine: speed lost while the roles' demand exceeds the cores")
+    ap.add_argument("--fit-contention", type=int, metavar="K",
+                    help="fit --contention to the measured speed-up at this K (in --measured); the others test it")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
 
@@ -581,7 +613,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) is not None:
             fields[f"{name}_s"] = getattr(args, name)
     for f in ("accelerators", "engines", "slots", "sequences", "group_size", "max_tokens", "mean_tokens", "length_cv",
-              "decode_fixed", "update_parallel", "reward_parallel"):
+              "decode_fixed", "update_parallel", "reward_parallel", "contention"):
         if getattr(args, f) is not None:
             fields[f] = getattr(args, f)
     missing = [f for f in ("rollout_s", "reward_s", "update_s") if f not in fields]
@@ -593,6 +625,13 @@ def main(argv: list[str] | None = None) -> int:
         if one is not None:  # Amdahl: t(A) = t(1) * ((1 - p) + p / A)
             fields[f"{role}_parallel"] = min(1.0, max(0.0, (1 - fields[f"{role}_s"] / one) / (1 - 1 / cores)))
     a = ClusterAssumptions(args.comm, args.cluster_sync)
+    measured = {int(k): float(v) for k, v in (part.split("=") for part in args.measured.split(","))} \
+        if args.measured else {}
+    if args.fit_contention is not None:
+        if args.fit_contention not in measured:
+            ap.error(f"--fit-contention {args.fit_contention} needs a measured speed-up at K={args.fit_contention}")
+        fields["contention"] = fit_contention(Workload(**fields), args.fit_contention, measured[args.fit_contention],
+                                              args.steps)
     workloads = {"measured": Workload(**fields)}
     if args.preset:
         workloads[args.preset] = PRESETS[args.preset]
@@ -610,12 +649,15 @@ def main(argv: list[str] | None = None) -> int:
         ideal = w.sync_step_s / max(w.rollout_s, w.update_s, w.reward_s)
         print(f"  overlap alone, each phase at its measured efficiency (sum / max of phases): {ideal:.2f}x; "
               "beyond it: fuller engines (the tail, larger batches)")
-        if name == "measured" and args.measured:
-            for part in args.measured.split(","):
-                k, value = part.split("=")
-                pred = result["rows"]["1 machine"]["K"][int(k)]["speedup"]
-                print(f"  1 machine K={k}: measured {float(value):.2f}x, predicted {pred:.2f}x, "
-                      f"error {100 * (pred / float(value) - 1):+.1f}%")
+        if name == "measured" and measured:
+            if args.fit_contention is not None:
+                print(f"  contention {w.contention:.3f}, fitted to the measured K={args.fit_contention}; "
+                      "the other K test it")
+            for k, value in measured.items():
+                pred = result["rows"]["1 machine"]["K"][k]["speedup"]
+                fitted = " (fitted)" if k == args.fit_contention else ""
+                print(f"  1 machine K={k}: measured {value:.2f}x, predicted {pred:.2f}x, "
+                      f"error {100 * (pred / value - 1):+.1f}%{fitted}")
         print()
     if args.json:
         print(json.dumps(report, indent=1, default=str))

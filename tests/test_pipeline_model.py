@@ -71,6 +71,27 @@ def test_one_core_gains_nothing_two_cores_overlap():
     assert pm.simulate(spec(k=1, cores=2, update_parallel=1.0)).step_s == pytest.approx(2.5)
 
 
+def test_contention_slows_only_what_oversubscribes_the_cores():
+    """Rollout (1 core) beside an update that wants both (p = 1): demand 2 + 1 > 2 cores, so
+    with contention 0.2 both run at 2/3 x 0.8 while they overlap. The synchronous loop never
+    oversubscribes and is unchanged."""
+    assert pm.simulate(spec(k=0, cores=2, update_parallel=1.0, contention=0.2)).step_s == pytest.approx(3.0)
+    # overlap: the update's 1 s of work at 8/15 speed takes 1.875 s, during which 1 s of
+    # generation is done; the remaining 1 s of generation runs alone
+    assert pm.simulate(spec(k=1, cores=2, update_parallel=1.0, contention=0.2)).step_s == pytest.approx(2.875)
+
+
+def test_fit_contention_recovers_a_planted_value():
+    w = pm.Workload(rollout_s=0.25, reward_s=0.1, update_s=0.55, sequences=32, max_tokens=64)
+    lengths = pm.draw_lengths(w, 12)
+    tau0 = pm.calibrate_tau0(w, lengths)
+    planted = pm.replace(w, contention=0.25)
+    sync = pm.simulate(pm.one_machine(w, 0, lengths, tau0)).step_s
+    measured = sync / pm.simulate(pm.one_machine(planted, 1, lengths, tau0)).step_s
+    assert pm.fit_contention(w, 1, measured, steps=12) == pytest.approx(0.25, abs=1e-3)
+    assert pm.fit_contention(w, 1, 10.0, steps=12) == 0.0  # faster than any contention allows: none
+
+
 def test_the_tail_of_a_synchronous_batch_is_what_overlap_fills():
     """Memory-bound decode (f = 1: a step costs the same for any batch): 2 sequences of 1 and 3
     tokens per step, 1 s per decode step, 2 slots. Synchronous: 3 s of generation (the slot of
