@@ -36,7 +36,9 @@ from polyrl.config_messages import (
     refuse_expansion, show,
 )
 from polyrl.engine.config import NativeEngineConfig
+from polyrl.pipeline.cluster import ClusterConfig
 from polyrl.pipeline.scheduler import SchedulerConfig
+from polyrl.train.flag_policy import OnFlag
 
 __all__ = [
     "ConfigError",
@@ -60,27 +62,6 @@ the limits its field's docstring states."""
 
 
 # ---------------------------------------------------------------------------- schema
-
-
-class OnFlag(BaseModel):
-    """What the run does when the reward monitor flags the domain as a whole (flags.jsonl:
-    train_heldout_divergence, the training reward rising while held-out accuracy does not;
-    reward_without_check_heldout, the held-out reward rising while the independent check
-    does not, or falling below its best or its start). Applied at the step of the flag, from
-    the next admitted rollout on, and logged on that step's metrics line (`flag_actions`)."""
-
-    model_config = _STRICT
-
-    actions: list[Literal["raise_kl", "lower_weight", "stop"]] = Field(default_factory=list, max_length=3)
-    """in order, at every new flag: raise_kl multiplies the domain's KL coefficient by kl_factor
-    (at least kl_min); lower_weight caps its share of each batch at `weight`; stop trains it no
-    more (it is still evaluated). [] = the flag is only written"""
-    kl_factor: float = Field(4.0, gt=1, le=1000)
-    """raise_kl: the factor on the domain's KL coefficient (at most 1000)"""
-    kl_min: float = Field(0.05, gt=0, le=100)
-    """raise_kl: the least coefficient afterwards, so that a domain trained without KL gets one"""
-    weight: float = Field(0.05, gt=0, lt=1)
-    """lower_weight: the largest share of each batch the domain keeps"""
 
 
 class RLTask(BaseModel):
@@ -260,34 +241,6 @@ class CapabilityCurveConfig(BaseModel):
     """a boosted domain's share is at least boost * its seed share"""
     boost_updates: int = Field(2, ge=1, le=10**8)
     """updates a boost lasts (re-armed while the domain stays below its best)"""
-
-
-class RoleResources(BaseModel):
-    """What one role's Ray actor asks of the cluster."""
-
-    model_config = _STRICT
-
-    num_cpus: float = Field(1.0, ge=0, le=1024)
-    """CPU cores reserved for the actor (0..1024)"""
-    num_gpus: float = Field(0.0, ge=0, le=64)
-    """GPUs reserved for the actor (0..64; fractions share one)"""
-
-
-class ClusterConfig(BaseModel):
-    """Where the pipeline's roles run (polyrl/pipeline/backend.py)."""
-
-    model_config = _STRICT
-
-    backend: Literal["local", "inline", "ray"] = "local"
-    """"local": every role in this process, each in its own thread; "inline": in this process, one
-    after another in the trainer's thread (no overlap: debugging, profiling); "ray": rollout and
-    reward roles as Ray actors in one placement group (pip install -e .[ray])"""
-    address: str | None = None
-    """Ray cluster to join ("auto", "ray://host:10001"); null starts a local one on this machine"""
-    rollout: RoleResources = Field(default_factory=RoleResources)
-    """the rollout role's actor (engine workers run inside it)"""
-    reward: RoleResources = Field(default_factory=RoleResources)
-    """the reward role's actor (sandbox pool and reward-model scorers)"""
 
 
 class RunConfig(BaseModel):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-from types import SimpleNamespace
 
 import pytest
 
@@ -14,7 +13,7 @@ from polyrl.config import load_config_text
 from polyrl.rewards import registry
 from polyrl.rewards.hacking import detect_decline
 from polyrl.rl.kl_control import PerDomainKL, log_kl_coef
-from polyrl.train.flag_policy import FlagPolicy
+from polyrl.train.flag_policy import FlagPolicy, OnFlag
 from polyrl.train.loop import train
 from polyrl.train.monitor import RewardMonitor
 from polyrl.types import Score
@@ -22,7 +21,7 @@ from tests.helpers import random_model_dir
 
 
 def on_flag(*actions, kl_factor=4.0, kl_min=0.05, weight=0.05):
-    return SimpleNamespace(actions=list(actions), kl_factor=kl_factor, kl_min=kl_min, weight=weight)
+    return OnFlag(actions=list(actions), kl_factor=kl_factor, kl_min=kl_min, weight=weight)
 
 
 def domain_flag(domain: str, kind: str = "reward_without_check_heldout") -> dict:

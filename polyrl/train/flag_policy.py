@@ -17,29 +17,44 @@ follows a domain-level one (a flag on the whole domain, not on one task):
 
 Caps only tighten: a later flag never raises a domain's share again. The state (caps and
 their reasons) goes into the run's state for resume. Pure apart from the KL controller it
-is handed: no I/O.
+is handed: no I/O. `OnFlag` is the run file's schema of `rl_tasks[].on_flag`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Literal, Mapping, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from polyrl.rl.kl_control import PerDomainKL
 
 
-class OnFlagSettings(Protocol):
-    """config.OnFlag, as this module reads it."""
+class OnFlag(BaseModel):
+    """What the run does when the reward monitor flags the domain as a whole (flags.jsonl:
+    train_heldout_divergence, the training reward rising while held-out accuracy does not;
+    reward_without_check_heldout, the held-out reward rising while the independent check
+    does not, or falling below its best or its start). Applied at the step of the flag, from
+    the next admitted rollout on, and logged on that step's metrics line (`flag_actions`)."""
 
-    actions: list[str]
-    kl_factor: float
-    kl_min: float
-    weight: float
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True,
+                              allow_inf_nan=False)
+
+    actions: list[Literal["raise_kl", "lower_weight", "stop"]] = Field(default_factory=list, max_length=3)
+    """in order, at every new flag: raise_kl multiplies the domain's KL coefficient by kl_factor
+    (at least kl_min); lower_weight caps its share of each batch at `weight`; stop trains it no
+    more (it is still evaluated). [] = the flag is only written"""
+    kl_factor: float = Field(4.0, gt=1, le=1000)
+    """raise_kl: the factor on the domain's KL coefficient (at most 1000)"""
+    kl_min: float = Field(0.05, gt=0, le=100)
+    """raise_kl: the least coefficient afterwards, so that a domain trained without KL gets one"""
+    weight: float = Field(0.05, gt=0, lt=1)
+    """lower_weight: the largest share of each batch the domain keeps"""
 
 
 class FlagPolicy:
     """Each domain's reaction to flags on it, and the share caps those reactions left."""
 
-    def __init__(self, settings: Mapping[str, OnFlagSettings]) -> None:
+    def __init__(self, settings: Mapping[str, OnFlag]) -> None:
         self.settings = {d: s for d, s in settings.items() if s.actions}
         self.caps: dict[str, float] = {}
         """domain -> largest share of a batch it may get (0: stopped)"""
@@ -59,7 +74,7 @@ class FlagPolicy:
             taken.append({"domain": domain, "flag": flag["kind"], "actions": done, "reason": flag.get("reason", "")})
         return taken
 
-    def _apply(self, action: str, domain: str, settings: OnFlagSettings, flag: dict[str, Any], step: int,
+    def _apply(self, action: str, domain: str, settings: OnFlag, flag: dict[str, Any], step: int,
                kl: PerDomainKL) -> str:
         why = f"{flag['kind']} at step {step}"
         if action == "raise_kl":

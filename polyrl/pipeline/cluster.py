@@ -1,0 +1,38 @@
+"""The run file's `cluster:` section: where the pipeline's roles run (pipeline/backend.py
+reads it), beside the other sections' schemas in polyrl/config.py."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True, allow_inf_nan=False)
+
+
+class RoleResources(BaseModel):
+    """What one role's Ray actor asks of the cluster."""
+
+    model_config = _STRICT
+
+    num_cpus: float = Field(1.0, ge=0, le=1024)
+    """CPU cores reserved for the actor (0..1024)"""
+    num_gpus: float = Field(0.0, ge=0, le=64)
+    """GPUs reserved for the actor (0..64; fractions share one)"""
+
+
+class ClusterConfig(BaseModel):
+    """Where the pipeline's roles run (polyrl/pipeline/backend.py)."""
+
+    model_config = _STRICT
+
+    backend: Literal["local", "inline", "ray"] = "local"
+    """"local": every role in this process, each in its own thread; "inline": in this process, one
+    after another in the trainer's thread (no overlap: debugging, profiling); "ray": rollout and
+    reward roles as Ray actors in one placement group (pip install -e .[ray])"""
+    address: str | None = None
+    """Ray cluster to join ("auto", "ray://host:10001"); null starts a local one on this machine"""
+    rollout: RoleResources = Field(default_factory=RoleResources)
+    """the rollout role's actor (engine workers run inside it)"""
+    reward: RoleResources = Field(default_factory=RoleResources)
+    """the reward role's actor (sandbox pool and reward-model scorers)"""
