@@ -18,7 +18,7 @@ MAX_SAMPLES_PER_STEP = 2**20
 """Rollouts of one step (prompts_per_step * group_size) at most: every one is held in memory."""
 
 _GRADES = {
-    "answer_verify": ("math",),
+    "answer_verify": ("math", "longctx"),
     "unit_test_pass": ("code", "humaneval"),
     "success_minus_cost": ("agent",),
     "rule_check": ("alignment",),
@@ -28,7 +28,7 @@ _GRADES = {
 in its module's docstring; agent episodes only success_minus_cost scores). Verifiers not listed
 (a plugin, a test's) are not checked."""
 _DEFAULT_REWARD = {"math": "answer_verify", "code": "unit_test_pass", "humaneval": "unit_test_pass",
-                   "agent": "success_minus_cost", "alignment": "preference_model"}
+                   "agent": "success_minus_cost", "alignment": "preference_model", "longctx": "answer_verify"}
 """Each built-in domain's default verifier (its class's default_verifier), for checking reward_options."""
 
 

@@ -162,10 +162,10 @@ def test_init_is_seeded_and_small() -> None:
     ("d", "match"),
     [
         ({"model_type": "gpt2"}, r"model_type='gpt2' is not supported; supported: \['llama', 'qwen2', 'qwen3'\]"),
-        ({"model_type": "llama", **TINY, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
-         "rope_type='llama3' is not supported; only 'default'"),
+        ({"model_type": "llama", **TINY, "rope_scaling": {"rope_type": "longrope", "factor": 8.0}},
+         "rope_scaling.rope_type='longrope' is not supported; supported: "),
         ({"model_type": "qwen3", **TINY, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}},
-         "rope_type='yarn' is not supported"),
+         r"rope_parameters with rope_type='yarn' is missing \['factor'\]"),
         ({"model_type": "qwen2", **TINY, "use_sliding_window": True}, "sliding_window"),
         ({"model_type": "llama", "hidden_size": 64}, "missing required fields"),
     ],

@@ -33,7 +33,7 @@ from polyrl.types import Task
 
 SPLITS = ("train", "heldout")
 HELDOUT_ONE_IN = 5
-DEFAULT_VERIFIERS = {"math": "answer_verify", "code": "unit_test_pass"}
+DEFAULT_VERIFIERS = {"math": "answer_verify", "code": "unit_test_pass", "longctx": "answer_verify"}
 """Verifier of each domain with a known line shape; other domains name theirs per line."""
 
 _COMMON_FIELDS = {"id", "domain", "prompt", "answer", "verifier", "metadata", "split", "difficulty"}

@@ -16,6 +16,7 @@ _DOMAINS: dict[str, str] = {
     "humaneval": "polyrl.domains.humaneval:HumanEvalDomain",
     "agent": "polyrl.domains.agent:AgentDomain",
     "alignment": "polyrl.domains.alignment:AlignmentDomain",
+    "longctx": "polyrl.domains.longctx:LongContextDomain",
 }
 
 

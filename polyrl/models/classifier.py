@@ -35,6 +35,7 @@ from polyrl.models.config import ARCHITECTURES, ModelConfig
 # The private readers of hf_io are shared on purpose: one safetensors reader and one
 # key check for every kind of checkpoint polyrl loads.
 from polyrl.models.hf_io import WEIGHTS_NAME, _check_keys, _read_weights, _write_json
+from polyrl.models.rope import Rotary
 from polyrl.models.transformer import DecoderModel, RMSNorm, Transformer
 
 CLASSIFIER_ARCHITECTURES = {t: name.replace("ForCausalLM", "ForSequenceClassification")
@@ -50,11 +51,12 @@ class SequenceClassifier(nn.Module):
         assert num_labels >= 1
         self.cfg = cfg
         self.num_labels = num_labels
+        self.rope = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
         self.model = DecoderModel(cfg)
         self.score = nn.Linear(cfg.hidden_size, num_labels, bias=False)
         self.init_weights(seed)
 
-    # The very same decoder forward as the causal LM: it reads only self.cfg and self.model.
+    # The very same decoder forward as the causal LM: it reads only self.cfg, self.rope and self.model.
     hidden = Transformer.hidden
 
     @torch.no_grad()

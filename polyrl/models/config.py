@@ -1,9 +1,9 @@
 """Architecture of a decoder-only model, and its translation to and from HF config.json.
 
-Supported families: Llama, Qwen2 and Qwen3 with default RoPE, full (causal) attention
-and a SwiGLU MLP. Out of scope, rejected by `from_hf_dict` with a clear error: RoPE
-scaling variants (linear, dynamic, yarn, llama3, ...), sliding-window attention,
-activations other than SiLU, MLP biases, MoE.
+Supported families: Llama, Qwen2 and Qwen3 with RoPE (default, or scaled: linear,
+dynamic NTK, yarn, llama3; see rope.py), full (causal) attention and a SwiGLU MLP. Out
+of scope, rejected by `from_hf_dict` with a clear error: longrope and partial rotary
+dims, sliding-window attention, activations other than SiLU, MLP biases, MoE.
 
 `from_hf_dict` reads configs written by transformers 4.4x (`rope_theta`,
 `rope_scaling`) and 5.x (`rope_parameters`); `to_hf_dict` writes both spellings so
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from polyrl.models.rope import RopeScaling
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 """model_type -> the transformers class name written to config.json `architectures`."""
@@ -47,6 +49,8 @@ class ModelConfig:
     """Epsilon inside every RMSNorm."""
     rope_theta: float = 10000.0
     """RoPE base frequency."""
+    rope_scaling: RopeScaling | None = None
+    """RoPE scaling (linear, dynamic, yarn, llama3; a config.json dict is parsed); None for plain RoPE."""
     tie_word_embeddings: bool = False
     """lm_head shares its weight with embed_tokens."""
     attention_bias: bool | None = None
@@ -86,6 +90,10 @@ class ModelConfig:
             self.attention_bias = self.model_type == "qwen2"
         if self.model_type == "qwen2" and not self.attention_bias:
             raise ValueError("qwen2 always has q/k/v biases; attention_bias=False is not expressible")
+        if isinstance(self.rope_scaling, dict):  # as written in config.json
+            self.rope_scaling = RopeScaling.from_hf(self.rope_scaling, self.max_position_embeddings)
+        elif self.rope_scaling is not None:
+            self.rope_scaling.validate()
 
     @property
     def attention_out_bias(self) -> bool:
@@ -121,10 +129,12 @@ class ModelConfig:
                 fields[name] = d[name]
         # Qwen3's HF default head_dim is 128, not hidden_size // num_attention_heads.
         head_dim = d.get("head_dim", 128 if model_type == "qwen3" else None)
+        theta, scaling = _rope(d)
         return cls(
             model_type=model_type,
             head_dim=head_dim,
-            rope_theta=float(_rope_theta(d)),
+            rope_theta=float(theta),
+            rope_scaling=scaling,
             attention_bias=True if model_type == "qwen2" else bool(d.get("attention_bias", False)),
             **fields,
         )
@@ -147,8 +157,10 @@ class ModelConfig:
             "max_position_embeddings": self.max_position_embeddings,
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
-            "rope_scaling": None,
-            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+            # 4.x reads rope_scaling; 5.x reads rope_scaling when set, else rope_parameters
+            "rope_scaling": None if self.rope_scaling is None else self.rope_scaling.to_hf(),
+            "rope_parameters": {"rope_type": "default", **({} if self.rope_scaling is None else self.rope_scaling.to_hf()),
+                                "rope_theta": self.rope_theta},
             "tie_word_embeddings": self.tie_word_embeddings,
             "hidden_act": "silu",
             "attention_dropout": 0.0,
@@ -168,21 +180,23 @@ class ModelConfig:
         return d
 
 
-def _rope_theta(d: dict[str, Any]) -> float:
-    """RoPE base from 4.x (`rope_theta`, `rope_scaling`) or 5.x (`rope_parameters`) fields.
+def _rope(d: dict[str, Any]) -> tuple[float, RopeScaling | None]:
+    """RoPE base and scaling from 4.x (`rope_theta`, `rope_scaling`) or 5.x (`rope_parameters`) fields.
 
-    Raises ValueError for any rope type other than "default".
+    transformers 5.x prefers a non-null `rope_scaling` over `rope_parameters`; so do we.
+    Raises ValueError naming the field for an unsupported type or a bad value.
     """
     theta = d.get("rope_theta", 10000.0)
-    for key in ("rope_scaling", "rope_parameters"):
+    chosen: tuple[str, dict[str, Any]] | None = None
+    for key in ("rope_parameters", "rope_scaling"):  # the later wins
         params = d.get(key)
         if params is None:
             continue
-        rope_type = params.get("rope_type", params.get("type", "default"))
-        if rope_type != "default":
-            raise ValueError(
-                f"{key}.rope_type={rope_type!r} is not supported; only 'default' RoPE "
-                f"(no scaling) is implemented"
-            )
+        if not isinstance(params, dict):
+            raise ValueError(f"{key} must be a mapping, not {type(params).__name__}")
         theta = params.get("rope_theta", theta)
-    return theta
+        chosen = (key, params)
+    if chosen is None:
+        return theta, None
+    key, params = chosen
+    return theta, RopeScaling.from_hf(params, d.get("max_position_embeddings", 2048), key)

@@ -8,7 +8,9 @@ aliasing `model.embed_tokens.weight` when embeddings are tied).
 Who sees which keys is the `AttentionBackend`'s business (see attention.py), so the
 same code serves training (no cache), a dense KV cache and a paged one.
 
-Out of scope: RoPE scaling variants, sliding-window attention, dropout, MoE.
+RoPE tables, scaled or not, come from rope.py (`Transformer.rope`).
+
+Out of scope: sliding-window attention, dropout, MoE.
 Compute runs in the parameter dtype (RMSNorm and RoPE tables in float32, as in HF);
 logits are returned as float32.
 """
@@ -22,6 +24,7 @@ from torch import Tensor
 
 from polyrl.models.attention import AttentionBackend, CausalAttention
 from polyrl.models.config import ModelConfig
+from polyrl.models.rope import Rotary, cos_sin, inv_freq_and_scale
 
 
 class RMSNorm(nn.Module):
@@ -41,12 +44,11 @@ class RMSNorm(nn.Module):
 
 
 def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """positions (B, T) -> cos, sin (B, T, hd), computed in float32 then cast to dtype, in
-    HF's rotate_half layout except that the first half of sin is negated (see apply_rope)."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
-    freqs = positions[..., None].float() * inv_freq  # (B, T, hd/2)
-    sin = freqs.sin()
-    return torch.cat((freqs, freqs), dim=-1).cos().to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)
+    """Unscaled RoPE: positions (B, T) -> cos, sin (B, T, hd), computed in float32 then cast
+    to dtype, in HF's rotate_half layout except that the first half of sin is negated (see
+    apply_rope). A model's own table, scaled or not, is `Transformer.rope.cos_sin`."""
+    inv_freq, scale = inv_freq_and_scale(head_dim, theta, None, 0)
+    return cos_sin(positions, inv_freq, scale, dtype)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -129,6 +131,7 @@ class Transformer(nn.Module):
         """A randomly initialised model (see `init_weights`); `hf_io.load_pretrained` fills real weights."""
         super().__init__()
         self.cfg = cfg
+        self.rope = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
         self.model = DecoderModel(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()
@@ -171,7 +174,7 @@ class Transformer(nn.Module):
         if attention is None:
             attention = CausalAttention()
         x = self.model.embed_tokens(input_ids)  # (B, T, D)
-        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)  # (B, T, hd)
+        cos, sin = self.rope.cos_sin(positions, x.dtype)  # (B, T, hd)
         for layer in self.model.layers:
             x = layer(x, cos, sin, attention)
         return self.model.norm(x)
