@@ -11,7 +11,11 @@ placement, vLLM's own settings (vllm_backend.py).
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from polyrl.engine.speculative.config import SpeculativeConfig
 
 
 class NativeEngineConfig(BaseModel):
@@ -41,6 +45,20 @@ class NativeEngineConfig(BaseModel):
     decode_burst: int = Field(8, gt=0, le=4096)
     """Most decode passes run back to back, without rescheduling, while every running sequence
     decodes and none waits (scheduler.py); 1 = reschedule after every token."""
+    quantization: Literal["none", "int8"] = "none"
+    """"int8": every linear layer on an int8 copy of its weight, one scale per output channel, with
+    int8 activations (per token) where the CPU has AVX-512 VNNI, else float activations
+    (runner/int8_linear.py); re-quantized after each weight update. Paged engine, float32 CPU
+    models only. "none": float32 weights as they are."""
+    speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)
+    """Speculative decoding (n-gram prompt lookup or a draft model), lossless; off by default
+    (polyrl/engine/speculative/config.py)."""
+
+    @model_validator(mode="after")
+    def _int8_needs_paged(self) -> "NativeEngineConfig":
+        if self.quantization == "int8" and not self.paged:
+            raise ValueError("quantization 'int8' runs on the paged engine: set paged: true, or quantization: none")
+        return self
 
     def blocks_for(self, bytes_per_token: int) -> int:
         """Pool size in blocks for a model whose K/V take bytes_per_token (all layers)."""

@@ -30,8 +30,14 @@ stream of `request_seed(s, i * n + j)`), so a seeded call returns the same token
 whatever else is in the batch, whether its prompt came from the cache, and across
 preemption.
 
-Out of scope: speculative decoding, KV quantization, multi-device execution (the
-vLLM backend serves GPUs), streaming partial outputs.
+A server streams a request's tokens as steps produce them (`partial`) and drops the
+requests of clients that went away (`abort`).
+
+Speculative decoding (engine.native.speculative: n-gram prompt lookup or a draft model)
+turns decode-only steps into verify passes; lossless (speculative/).
+
+Out of scope: KV quantization, multi-device execution (the
+vLLM backend serves GPUs).
 """
 
 from __future__ import annotations
@@ -45,10 +51,12 @@ from polyrl.engine.base import SamplingParams, check_prompts, copy_weights_
 from polyrl.engine.block_manager import BlockManager
 from polyrl.engine.config import NativeEngineConfig
 from polyrl.engine.runner.model_runner import ModelRunner
-from polyrl.engine.runner.packed_linear import pack_linears
+from polyrl.engine.runner.int8_linear import Int8Linear, quantize_linears
+from polyrl.engine.runner.packed_linear import PackedLinear, pack_linears
 from polyrl.engine.sampler import request_seed
 from polyrl.engine.scheduler import Scheduler
 from polyrl.engine.sequence import Sequence
+from polyrl.engine.speculative.speculator import build_speculator
 from polyrl.engine.stats import EngineCounters
 from polyrl.engine.text import hits_stop_string, visible_text
 from polyrl.models.tokenizer import Tokenizer
@@ -61,11 +69,13 @@ class PagedEngine:
 
     def __init__(self, model: Transformer, tokenizer: Tokenizer, config: NativeEngineConfig | None = None,
                  weight_version: int = 0, *, decode: Literal["auto", "forward"] = "auto", decode_cache: bool = True,
-                 packed_linear: bool = True) -> None:
+                 packed_linear: bool = True, draft_model: Transformer | None = None) -> None:
         """config: the run file's engine.native (its `paged` and `workers` are the factory's).
         decode, decode_cache (runner/model_runner.py) and packed_linear=False (the model's
         nn.Linear layers as they are) are the variants that equivalence tests and benchmarks
-        compare with the default, which takes the fastest path that runs here."""
+        compare with the default, which takes the fastest path that runs here.
+        draft_model: the draft of config.speculative.method "draft", already built (else its
+        draft_model path is loaded)."""
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.config = config or NativeEngineConfig()
@@ -76,13 +86,19 @@ class PagedEngine:
         self.num_blocks = self.config.blocks_for(per_token)
         self.counters = EngineCounters()
         self.block_manager = BlockManager(self.num_blocks, self.config.block_size, self.config.enable_prefix_caching)
+        self.speculator = build_speculator(self.config.speculative, model, self.counters, draft_model)
         self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs, self.config.max_num_batched_tokens,
                                    self.counters, stop_text=self._hits_stop_string,
-                                   decode_burst=self.config.decode_burst)
-        self.packed = pack_linears(self.model) if packed_linear else []
+                                   decode_burst=self.config.decode_burst, speculator=self.speculator)
+        if self.config.quantization == "int8":  # the int8 layers replace the packed float ones
+            self.packed: list[PackedLinear | Int8Linear] = list(quantize_linears(self.model))
+        else:
+            self.packed = list(pack_linears(self.model)) if packed_linear else []
         self.runner = ModelRunner(model, self.num_blocks, self.config.block_size, decode, decode_cache)
         self._eos = frozenset(tokenizer.stop_token_ids())
         self._ids = itertools.count()
+        self._live: dict[int, Sequence] = {}
+        """Requests added and not yet reported finished (partial(), abort())."""
 
     # ---- the step API ------------------------------------------------------------------------
 
@@ -95,6 +111,7 @@ class PagedEngine:
         stop = frozenset(sampling.stop_token_ids) | (frozenset() if sampling.ignore_eos else self._eos)
         seq = Sequence(next(self._ids), list(prompt_ids), len(prompt_ids), sampling, seed, stop, prompt_index)
         self.scheduler.add(seq)
+        self._live[seq.seq_id] = seq
         self.counters.requests += 1
         return seq.seq_id
 
@@ -116,7 +133,28 @@ class PagedEngine:
             self.runner.pool.zero_up_to(self.block_manager.high_water)
             out = self.runner.run(batch)
             self.scheduler.postprocess(batch, out.tokens, out.logprobs, out.top_logprobs, self.weight_version)
-        return [(seq.seq_id, self._completion(seq)) for seq in self.scheduler.pop_finished()]
+        done = self.scheduler.pop_finished()
+        if self.speculator is not None and done:
+            self.speculator.release([seq.seq_id for seq in done])
+        for seq in done:
+            self._live.pop(seq.seq_id, None)
+        return [(seq.seq_id, self._completion(seq)) for seq in done]
+
+    def partial(self, seq_id: int) -> tuple[list[int], list[float]]:
+        """The tokens (and their logprobs) a queued or running request has sampled so far:
+        what a server streams between steps. Empty once it finished or was aborted."""
+        seq = self._live.get(seq_id)
+        return (seq.completion_token_ids, list(seq.logprobs)) if seq is not None else ([], [])
+
+    def abort(self, seq_id: int) -> bool:
+        """Drop an unfinished request (a client went away); its blocks go back to the pool and
+        step() never reports it. False when it is unknown or already finished."""
+        seq = self._live.pop(seq_id, None)
+        if seq is None or not self.scheduler.abort(seq):
+            return False
+        if self.speculator is not None:
+            self.speculator.release([seq_id])  # its draft model's KV too
+        return True
 
     # ---- the Engine interface ----------------------------------------------------------------
 
@@ -161,7 +199,7 @@ class PagedEngine:
 
     def refresh_weights(self, version: int) -> None:
         """The model's tensors changed in place (update_weights, or a parent process writing
-        shared weights; parallel.py): repack, take the version, stop sharing older KV."""
+        shared weights; parallel.py): repack (int8: re-quantize), take the version, stop sharing older KV."""
         for linear in self.packed:
             linear.repack()
         self.runner.refresh_weights()

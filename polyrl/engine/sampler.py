@@ -73,22 +73,18 @@ def counter_uniforms(seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tenso
     return _srl(x, 11).double() * (1.0 / (1 << 53))
 
 
-def sample_batch(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None,
-                 top_p: torch.Tensor | None, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-row sampling by inverse CDF with given uniforms.
+def processed_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None,
+                    top_p: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distribution a row samples from, as `sample_batch` builds it (also what the
+    speculative verifier compares draft tokens against: speculative/rejection.py).
 
-    logits (M, V) float32; temperature (M,) (0 = greedy); top_k (M,) long (0 = off) or
-    None when no row truncates by k; top_p (M,) (1 = off) or None; u (M,) float64.
-    Returns tokens (M,), their logprobs (M,) and the full logprobs (M, V), all under the
-    temperature-scaled distribution before truncation (untempered for greedy rows), as
-    `sample_next` reports them.
-    """
+    logits (M, V) float32; temperature (M,) (0 = greedy: scaled by 1); top_k (M,) long
+    (0 = off) or None; top_p (M,) (1 = off) or None. Returns the temperature-scaled
+    logprobs before truncation (M, V) and the probabilities after top-k/top-p truncation
+    (M, V), NOT renormalised (a truncated token has probability 0)."""
     greedy = temperature == 0
     t = torch.where(greedy, torch.ones_like(temperature), temperature)
     logprobs = torch.log_softmax(logits / t[:, None], dim=-1)  # (M, V)
-    if bool(greedy.all()):
-        tokens = logits.argmax(dim=-1)
-        return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1), logprobs
     probs = logprobs.exp()  # (M, V)
     if top_k is not None or top_p is not None:
         # Truncation is decided in sorted order and applied in vocabulary order, so that the
@@ -102,10 +98,35 @@ def sample_batch(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
         if top_p is not None:
             keep &= (sorted_probs.cumsum(dim=-1) - sorted_probs) < top_p[:, None]  # mass before a token < top_p
         probs = probs.masked_fill(~torch.empty_like(keep).scatter_(-1, order, keep), 0.0)
+    return logprobs, probs
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """probs (M, V) >= 0, not necessarily normalised; u (M,) float64 in [0, 1) -> tokens (M,):
+    the first index whose cumulative mass reaches u * total, in vocabulary order."""
     cdf = probs.cumsum(dim=-1)  # (M, V)
-    # First index whose cdf reaches u * total: a zero-probability token never does first,
-    # and u < 1 keeps the target within the last cdf value.
+    # A zero-probability token never comes first, and u < 1 keeps the target within the
+    # last cdf value.
     target = (u * cdf[:, -1].double()).float()[:, None]  # (M, 1)
-    sampled = torch.searchsorted(cdf, target).clamp_(max=cdf.shape[-1] - 1).squeeze(-1)  # (M,)
+    return torch.searchsorted(cdf, target).clamp_(max=cdf.shape[-1] - 1).squeeze(-1)  # (M,)
+
+
+def sample_batch(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None,
+                 top_p: torch.Tensor | None, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row sampling by inverse CDF with given uniforms.
+
+    logits (M, V) float32; temperature (M,) (0 = greedy); top_k (M,) long (0 = off) or
+    None when no row truncates by k; top_p (M,) (1 = off) or None; u (M,) float64.
+    Returns tokens (M,), their logprobs (M,) and the full logprobs (M, V), all under the
+    temperature-scaled distribution before truncation (untempered for greedy rows), as
+    `sample_next` reports them.
+    """
+    greedy = temperature == 0
+    if bool(greedy.all()):
+        logprobs = torch.log_softmax(logits, dim=-1)  # (M, V)
+        tokens = logits.argmax(dim=-1)
+        return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1), logprobs
+    logprobs, probs = processed_probs(logits, temperature, top_k, top_p)
+    sampled = inverse_cdf(probs, u)  # (M,)
     tokens = torch.where(greedy, logits.argmax(dim=-1), sampled) if bool(greedy.any()) else sampled
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1), logprobs

@@ -20,19 +20,32 @@ left) are allocated up front, halving the burst until they fit; postprocess appe
 tokens one by one with the usual stop checks and drops what a sequence sampled after
 it stopped. A request added meanwhile waits for the end of the burst.
 
-Out of scope: priorities, fairness between callers, swapping KV to host memory,
-speculative steps (several draft tokens verified per pass).
+Speculative steps. With a speculator (engine.native.speculative), a decode-only step
+first asks it for drafts (speculative/speculator.py); if any sequence has one, the step
+becomes a single verify pass instead of a burst: each drafted sequence runs
+[last token, d1..dk] (num_new_tokens 1 + k), with blocks allocated for the lookahead
+(a sequence whose lookahead does not fit the free blocks drops its draft; speculation
+never preempts). postprocess appends the tokens the verifier kept, one by one with the
+usual stop checks, and advances num_computed_tokens over them only: the rejected
+positions' slots are overwritten by the next pass, and only blocks full of computed
+tokens are ever hashed into the prefix cache.
+
+Out of scope: priorities, fairness between callers, swapping KV to host memory.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from polyrl.engine.block_manager import BlockManager
 from polyrl.engine.sequence import Sequence, SequenceStatus
 from polyrl.engine.stats import EngineCounters
+
+if TYPE_CHECKING:
+    from polyrl.engine.speculative.proposers import Draft
+    from polyrl.engine.speculative.speculator import Speculator
 
 
 @dataclass
@@ -48,6 +61,9 @@ class ScheduledBatch:
     burst_tokens: list[int] = field(default_factory=list)
     """In a burst: per sequence, the passes whose samples it may keep (at most `steps`,
     at most its max_tokens left); its KV slots are allocated for exactly these."""
+    drafts: list[Draft] | None = None
+    """A speculative verify step: per sequence, the draft tokens it verifies after its last
+    token (possibly none); num_new_tokens counts them. None: not a verify step."""
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -68,9 +84,10 @@ class ScheduledBatch:
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
                  counters: EngineCounters, stop_text: Callable[[Sequence], bool] | None = None,
-                 decode_burst: int = 1) -> None:
+                 decode_burst: int = 1, speculator: Speculator | None = None) -> None:
         assert decode_burst >= 1
         self.block_manager = block_manager
+        self.speculator = speculator
         self.decode_burst = decode_burst
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -151,9 +168,10 @@ class Scheduler:
             self._schedule(batch, seq, n)
             budget -= n
 
-        if (self.decode_burst > 1 and batch.seqs and not self.waiting and not preempted
+        if (batch.seqs and not self.waiting and not preempted
                 and batch.num_tokens == len(batch.seqs) and all(batch.sampling)):
-            self._plan_burst(batch)
+            if not (self.speculator is not None and self._plan_speculation(batch)) and self.decode_burst > 1:
+                self._plan_burst(batch)
         if batch.seqs:
             self.counters.steps += 1
             self.counters.scheduled_seqs += len(batch.seqs)
@@ -176,6 +194,30 @@ class Scheduler:
                 return
             steps //= 2
 
+    def _plan_speculation(self, batch: ScheduledBatch) -> bool:
+        """Turn a decode-only step into a verify step if the speculator drafts for anyone."""
+        assert self.speculator is not None
+        drafts = self.speculator.propose(batch.seqs)
+        if drafts is None:
+            return False
+        bm = self.block_manager
+        budget = self.max_num_batched_tokens - batch.num_tokens
+        kept: list[Draft] = []
+        for i, (seq, draft) in enumerate(zip(batch.seqs, drafts)):
+            draft = draft.cut(budget)
+            end = seq.num_computed_tokens + 1 + len(draft)  # KV positions after the pass
+            if len(draft) and not bm.can_append(seq, end):
+                draft = draft.cut(0)
+            if len(draft):
+                bm.append_blocks(seq, end)
+                batch.num_new_tokens[i] += len(draft)
+                budget -= len(draft)
+            kept.append(draft)
+        if not any(len(d) for d in kept):
+            return False
+        batch.drafts = kept
+        return True
+
     def _schedule(self, batch: ScheduledBatch, seq: Sequence, n: int) -> None:
         end, total = seq.num_computed_tokens + n, len(seq.token_ids)
         if n == 1 and end == total and total > seq.num_prompt_tokens:
@@ -195,14 +237,17 @@ class Scheduler:
         order, one list each: one token, or a burst's passes) and finish sequences that stop.
         A sequence that stops inside a burst drops the tokens it sampled after stopping."""
         k = 0
-        extra = 0  # tokens kept from a burst's passes after the first
-        for seq, n, samples in zip(batch.seqs, batch.num_new_tokens, batch.sampling):
+        extra = 0  # tokens kept from a burst's passes (or a verify step's drafts) after the first
+        for i, (seq, n, samples) in enumerate(zip(batch.seqs, batch.num_new_tokens, batch.sampling)):
             if not samples:
                 seq.num_computed_tokens += n
                 continue
+            drafted = len(batch.drafts[i]) if batch.drafts is not None else 0
+            if drafted and self.speculator is not None:
+                self.speculator.record(seq, drafted, len(tokens[k]) - 1)
             reason = None
             for j, token in enumerate(tokens[k]):
-                seq.num_computed_tokens += n if j == 0 else 1
+                seq.num_computed_tokens += n - drafted if j == 0 else 1  # of the drafts, only those kept
                 seq.append_token(token, logprobs[k][j], top[k][j] if top is not None else None, version)
                 extra += j > 0
                 reason = seq.stop_reason()
@@ -211,11 +256,13 @@ class Scheduler:
                 if reason is not None:
                     break
             k += 1
-            if batch.steps > 1:  # offer the blocks the burst filled (an agent's next turn reuses them)
+            if batch.steps > 1 or drafted:  # offer the blocks the burst filled (an agent's next turn reuses them)
                 self.block_manager.register_full_blocks(seq, seq.num_computed_tokens)
             if reason is not None:
                 self._finish(seq, reason)
         assert k == len(tokens)
+        if batch.drafts is not None:
+            self.counters.decode_tokens += extra
         if batch.steps > 1:
             self.counters.steps += max(len(t) for t in tokens) - 1
             self.counters.decode_tokens += extra
@@ -235,6 +282,19 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.counters.preemptions += 1
+
+    def abort(self, seq: Sequence) -> bool:
+        """Drop an unfinished sequence (its caller went away): blocks freed, never reported
+        as finished. False when it is not queued or running here."""
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        elif seq in self.running:
+            self.block_manager.deallocate(seq)
+            self.running.remove(seq)
+        else:
+            return False
+        seq.finish_reason, seq.status = "abort", SequenceStatus.FINISHED
+        return True
 
     def preempt_all(self) -> None:
         """Recompute every running sequence from scratch (after a weight update)."""

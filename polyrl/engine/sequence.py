@@ -9,6 +9,9 @@ Preemption by recompute drops the block table and resets `num_computed_tokens` t
 the sampled tokens stay, so the sequence resumes where it was (its prompt for the
 recompute is prompt + sampled tokens, mostly served back from the prefix cache).
 
+Speculative decoding never puts unverified tokens in `token_ids`: a verify step's drafts
+live in the ScheduledBatch, and only the tokens the verifier keeps are appended.
+
 Out of scope: beam search, parallel sampling that forks one sequence's blocks after
 prefill (G samples share their prompt through the prefix cache instead), swapping KV
 to host memory.
@@ -64,6 +67,12 @@ class Sequence:
     """Times the sequence got blocks (1 + preemptions): a decode-cache row is per admission."""
     cache_epoch: int = 0
     """Prefix-cache epoch at admission: blocks computed under older weights are never shared."""
+    spec_steps: int = 0
+    """Speculative verify steps in which this sequence had drafts (speculative/speculator.py)."""
+    spec_drafted: int = 0
+    """Draft tokens proposed for this sequence and verified."""
+    spec_accepted: int = 0
+    """Of those, the ones the verifier kept."""
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -8,7 +8,7 @@ Out of scope: timing (the trainer times its stages), per-request latency histogr
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -30,20 +30,35 @@ class EngineCounters:
     """Sum over steps of the tokens in the step."""
     preemptions: int = 0
     """Sequences whose KV was dropped for lack of blocks (recomputed later)."""
+    spec_drafts: int = 0
+    """Speculative decoding: (sequence, verify step) pairs with at least one draft token."""
+    spec_draft_tokens: int = 0
+    """Draft tokens verified."""
+    spec_accepted_tokens: int = 0
+    """Draft tokens the verifier kept (acceptance rate = this / spec_draft_tokens; mean
+    acceptance length, bonus token included = 1 + this / spec_drafts)."""
+    spec_accepted_by_position: list[int] = field(default_factory=list)
+    """Drafts whose j-th token (j = 0, 1, ..) was kept; in snapshots as spec_accepted_at_{j+1}."""
 
     def snapshot(self) -> dict[str, int]:
-        return asdict(self)
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "spec_accepted_by_position"}
+        out.update({f"spec_accepted_at_{j + 1}": n for j, n in enumerate(self.spec_accepted_by_position)})
+        return out
 
 
 def counter_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """Counters of the interval between two snapshots, plus prefix_hit_rate (cached share of
-    prefill tokens) and batch_occupancy (mean sequences per step). {} if either is empty."""
+    prefill tokens) and batch_occupancy (mean sequences per step), and with speculative
+    decoding spec_acceptance_rate and spec_mean_acceptance_length. {} if either is empty."""
     if not before or not after:
         return {}
     d = {k: after[k] - before.get(k, 0) for k in after}
     prefill = d["prefill_tokens_computed"] + d["prefill_tokens_cached"]
     d["prefix_hit_rate"] = round(d["prefill_tokens_cached"] / prefill, 4) if prefill else 0.0
     d["batch_occupancy"] = round(d["scheduled_seqs"] / d["steps"], 2) if d["steps"] else 0.0
+    if d.get("spec_drafts"):
+        d["spec_acceptance_rate"] = round(d["spec_accepted_tokens"] / d["spec_draft_tokens"], 4)
+        d["spec_mean_acceptance_length"] = round(1 + d["spec_accepted_tokens"] / d["spec_drafts"], 3)
     return d
 
 

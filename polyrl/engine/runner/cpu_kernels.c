@@ -249,6 +249,208 @@ void cache_to_pool(const float *restrict kc, const float *restrict vc, int64_t l
             }
 }
 
+/* ---- int8 products (int8_linear.py) ----
+
+   y (S, N) = beta * y + x (S, K) @ W^T * scales (+ bias), W int8 with one scale per output
+   channel. Two schemes, fixed when the weight is packed (q8_weight.vnni):
+
+   - vnni: int8 activations too. Each row of x is quantized on the fly to s8 with its own
+     scale (max |x| / 127), stored offset by 128 as u8, and multiplied with VPDPBUSD
+     (u8 x s8, four products summed straight into int32: no intermediate saturation); the
+     offset comes back out as 128 * colsum[n]. Weights packed (Np/16, Kp/4, 16, 4): one
+     64-byte load feeds 16 outputs x 4 inputs. Exact integer arithmetic while
+     255 * 127 * Kp < 2^31 (int8_linear.py keeps K <= 65536).
+   - otherwise weight-only: x stays float, weights are widened to float in registers,
+     packed (Np/16, Kp, 16). No u8 x s8 pair products in int16 (VPMADDUBSW saturates at
+     255 * 127 * 2 > 32767), so nothing can saturate.
+
+   Both walk the weight once per tile of up to Q8_ROWS rows, block of 16 outputs outer, so
+   a decode step (a few rows) reads every weight byte once. Single-threaded. */
+
+#define Q8_ROWS 8
+
+struct q8_weight {
+    const int8_t *w;       /* packed as above, zero in the padding */
+    const float *scale;    /* (N,) per output channel */
+    const int32_t *colsum; /* (N,) sum over k of w[n, k] (the vnni scheme's offset correction) */
+    int64_t N, K, Kp, vnni; /* Kp: K rounded up to 4 (vnni) */
+};
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define Q8_VNNI 1
+#include <immintrin.h>
+#endif
+
+/* 1 when this build has the vnni scheme (AVX-512 VNNI), else 0. */
+int q8_vnni(void) {
+#ifdef Q8_VNNI
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+#ifdef Q8_VNNI
+/* Rows of x (S, K) -> xq (S, Kp) u8 = clamp(round_even(x / s), -127, 127) + 128, padding 128;
+   xs (S,) = s = max |x| / 127 (1 for an all-zero row). */
+static void q8_quantize_rows(const float *restrict x, int64_t S, int64_t K, int64_t Kp, uint8_t *restrict xq,
+                             float *restrict xs) {
+    for (int64_t s = 0; s < S; s++) {
+        const float *xi = x + s * K;
+        uint8_t *qi = xq + s * Kp;
+        float m = 0.0f;
+#pragma omp simd reduction(max : m)
+        for (int64_t k = 0; k < K; k++) m = fabsf(xi[k]) > m ? fabsf(xi[k]) : m;
+        float scale = m > 0.0f ? m / 127.0f : 1.0f, inv = 1.0f / scale;
+        const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127), off = _mm512_set1_epi32(128);
+        int64_t k = 0;
+        for (; k + 16 <= K; k += 16) { /* cvtps rounds half to even, as nearbyintf below */
+            __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xi + k), _mm512_set1_ps(inv)));
+            q = _mm512_add_epi32(_mm512_min_epi32(_mm512_max_epi32(q, lo), hi), off);
+            _mm_storeu_si128((__m128i *)(qi + k), _mm512_cvtepi32_epi8(q));
+        }
+        for (; k < K; k++) {
+            float v = nearbyintf(xi[k] * inv);
+            v = v < -127.0f ? -127.0f : v > 127.0f ? 127.0f : v;
+            qi[k] = (uint8_t)((int)v + 128);
+        }
+        for (; k < Kp; k++) qi[k] = 128;
+        xs[s] = scale;
+    }
+}
+
+/* R rows (a constant at each call site) of xq against output block nb. */
+static inline __attribute__((always_inline)) void q8_tile_vnni(const struct q8_weight *q, const uint8_t *xq,
+                                                               const float *xs, int64_t R, const float *bias,
+                                                               float *y, float beta, int64_t nb) {
+    int64_t groups = q->Kp / 4, n0 = nb * 16, N = q->N;
+    const int8_t *wb = q->w + nb * groups * 64;
+    __m512i acc[Q8_ROWS][2];
+    for (int64_t r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+    int64_t g = 0;
+    for (; g + 2 <= groups; g += 2) { /* two accumulators per row: the dpbusd chains overlap */
+        __m512i w0 = _mm512_loadu_si512(wb + g * 64), w1 = _mm512_loadu_si512(wb + (g + 1) * 64);
+        for (int64_t r = 0; r < R; r++) {
+            int32_t x0, x1;
+            memcpy(&x0, xq + r * q->Kp + g * 4, 4);
+            memcpy(&x1, xq + r * q->Kp + g * 4 + 4, 4);
+            acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], _mm512_set1_epi32(x0), w0);
+            acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], _mm512_set1_epi32(x1), w1);
+        }
+    }
+    if (g < groups) {
+        __m512i w0 = _mm512_loadu_si512(wb + g * 64);
+        for (int64_t r = 0; r < R; r++) {
+            int32_t x0;
+            memcpy(&x0, xq + r * q->Kp + g * 4, 4);
+            acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], _mm512_set1_epi32(x0), w0);
+        }
+    }
+    __mmask16 mask = N - n0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (N - n0)) - 1);
+    __m512 ws = _mm512_maskz_loadu_ps(mask, q->scale + n0);
+    __m512i off = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(mask, q->colsum + n0), 7); /* 128 * colsum */
+    __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
+    for (int64_t r = 0; r < R; r++) {
+        __m512i t = _mm512_sub_epi32(_mm512_add_epi32(acc[r][0], acc[r][1]), off);
+        __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(ws, _mm512_set1_ps(xs[r])), b);
+        float *yr = y + r * N + n0;
+        if (beta != 0.0f) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, yr));
+        _mm512_mask_storeu_ps(yr, mask, v);
+    }
+}
+#endif
+
+/* 16 floats, 16 int8s: GCC/Clang vector extensions, lowered to whatever vectors the target has. */
+typedef float q8_f16 __attribute__((vector_size(64)));
+typedef int32_t q8_i16 __attribute__((vector_size(64)));
+typedef int8_t q8_b16 __attribute__((vector_size(16)));
+
+/* 16 int8 weights at p -> floats. gcc scalarises the generic conversion, hence the intrinsics. */
+static inline __attribute__((always_inline)) q8_f16 q8_widen(const int8_t *p) {
+#if defined(__AVX512F__)
+    return (q8_f16)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+#elif defined(__AVX2__)
+    __m128i b = _mm_loadu_si128((const __m128i *)p);
+    __m256 halves[2] = {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)),
+                        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
+    q8_f16 w;
+    memcpy(&w, halves, sizeof w);
+    return w;
+#else
+    q8_b16 b;
+    memcpy(&b, p, 16);
+    return __builtin_convertvector(__builtin_convertvector(b, q8_i16), q8_f16);
+#endif
+}
+
+/* The weight-only scheme's tile: R float rows of x (S, K) against output block nb. */
+static inline __attribute__((always_inline)) void q8_tile_float(const struct q8_weight *q, const float *x,
+                                                                int64_t R, const float *bias, float *y, float beta,
+                                                                int64_t nb) {
+    int64_t K = q->K, n0 = nb * 16, n = q->N - n0 < 16 ? q->N - n0 : 16, k = 0;
+    const int8_t *wb = q->w + nb * q->Kp * 16;
+    q8_f16 acc[Q8_ROWS][2]; /* two partial sums per row (k even, odd): independent add chains */
+    for (int64_t r = 0; r < R; r++) acc[r][0] = acc[r][1] = (q8_f16){0};
+    for (; k + 2 <= K; k += 2) {
+        q8_f16 w0 = q8_widen(wb + k * 16), w1 = q8_widen(wb + k * 16 + 16);
+        for (int64_t r = 0; r < R; r++) {
+            acc[r][0] += x[r * K + k] * w0;
+            acc[r][1] += x[r * K + k + 1] * w1;
+        }
+    }
+    if (k < K) {
+        q8_f16 w0 = q8_widen(wb + k * 16);
+        for (int64_t r = 0; r < R; r++) acc[r][0] += x[r * K + k] * w0;
+    }
+    for (int64_t r = 0; r < R; r++) {
+        q8_f16 sum = acc[r][0] + acc[r][1];
+        float *yr = y + r * q->N + n0;
+        for (int64_t j = 0; j < n; j++) {
+            float v = sum[j] * q->scale[n0 + j] + (bias ? bias[n0 + j] : 0.0f);
+            yr[j] = beta != 0.0f ? yr[j] + v : v;
+        }
+    }
+}
+
+#define Q8_DISPATCH(TILE, R, Y, ...)                          \
+    switch (R) { /* a constant row count per call: the tile's loops unroll */ \
+        case 1: TILE(__VA_ARGS__, 1, bias, Y, beta, nb); break; \
+        case 2: TILE(__VA_ARGS__, 2, bias, Y, beta, nb); break; \
+        case 3: TILE(__VA_ARGS__, 3, bias, Y, beta, nb); break; \
+        case 4: TILE(__VA_ARGS__, 4, bias, Y, beta, nb); break; \
+        case 5: TILE(__VA_ARGS__, 5, bias, Y, beta, nb); break; \
+        case 6: TILE(__VA_ARGS__, 6, bias, Y, beta, nb); break; \
+        case 7: TILE(__VA_ARGS__, 7, bias, Y, beta, nb); break; \
+        default: TILE(__VA_ARGS__, 8, bias, Y, beta, nb);       \
+    }
+
+/* y (S, N) = beta * y + x (S, K) @ W^T (+ bias), beta 0 or 1; xq (S, Kp) bytes and xs (S,)
+   floats are scratch (vnni only). Returns 0, or -1 for a vnni-packed weight in a build
+   without VNNI. */
+int q8_matmul(const struct q8_weight *q, const float *x, int64_t S, const float *bias, float *y, float beta,
+              uint8_t *xq, float *xs) {
+    int64_t blocks = (q->N + 15) / 16;
+    if (q->vnni) {
+#ifdef Q8_VNNI
+        q8_quantize_rows(x, S, q->K, q->Kp, xq, xs);
+        for (int64_t nb = 0; nb < blocks; nb++) /* a block's weights stay in cache across row tiles */
+            for (int64_t s = 0; s < S; s += Q8_ROWS) {
+                int64_t rows = S - s < Q8_ROWS ? S - s : Q8_ROWS;
+                Q8_DISPATCH(q8_tile_vnni, rows, y + s * q->N, q, xq + s * q->Kp, xs + s)
+            }
+        return 0;
+#else
+        return -1;
+#endif
+    }
+    for (int64_t nb = 0; nb < blocks; nb++)
+        for (int64_t s = 0; s < S; s += Q8_ROWS) {
+            int64_t rows = S - s < Q8_ROWS ? S - s : Q8_ROWS;
+            Q8_DISPATCH(q8_tile_float, rows, y + s * q->N, q, x + s * q->K)
+        }
+    return 0;
+}
+
 /* ---- The whole decode pass in one call (models whose weights are all small) ----
 
    Python's loop over layers pays an operator dispatch per call, a sizeable share of a
@@ -261,9 +463,11 @@ typedef void (*sgemm_fn)(const char *transa, const char *transb, const int *m, c
                          const float *alpha, const float *a, const int *lda, const float *b, const int *ldb,
                          const float *beta, float *c, const int *ldc);
 
-/* One layer's weights: norms (D,), products as (in, out) row-major copies, biases (out,) or NULL. */
+/* One layer's weights: norms (D,), products as (in, out) row-major copies, biases (out,) or NULL;
+   an int8 engine's products as q8 weights instead (their float copies then NULL). */
 struct decode_layer {
     const float *norm1, *wqkv, *bqkv, *wo, *bo, *norm2, *wgu, *bgu, *wdown, *bdown;
+    const struct q8_weight *qqkv, *qo, *qgu, *qdown;
 };
 
 struct decode_args {
@@ -279,11 +483,19 @@ struct decode_args {
     float *logits;               /* (S, V) out */
     /* scratch: x, h (S, D); qkv (S, (nh + 2 nkv) hd); attn (S, nh hd); gu (S, 2 inter); act (S, inter); scores (GROUP L) */
     float *x, *h, *qkv, *attn, *gu, *act, *scores;
+    const struct q8_weight *qhead; /* the int8 head, or NULL */
+    uint8_t *xq; float *xs;        /* q8_matmul's scratch: (S, widest Kp) bytes, (S,) floats */
 };
 
-/* y (S, n) = beta * y + x (S, k) @ w (k, n) (+ bias): row-major, so sgemm computes y^T = w^T x^T. */
-static void product(sgemm_fn sgemm, const float *x, const float *w, const float *bias, float *y, int64_t S,
-                    int64_t k, int64_t n, float beta) {
+/* y (S, n) = beta * y + x (S, k) @ w (k, n) (+ bias): row-major, so sgemm computes y^T = w^T x^T.
+   With an int8 weight q, q8_matmul instead. */
+static void product(const struct decode_args *a, const struct q8_weight *q, const float *x, const float *w,
+                    const float *bias, float *y, int64_t S, int64_t k, int64_t n, float beta) {
+    if (q) {
+        q8_matmul(q, x, S, bias, y, beta, a->xq, a->xs);
+        return;
+    }
+    sgemm_fn sgemm = a->sgemm;
     const int m_ = (int)n, n_ = (int)S, k_ = (int)k;
     const float one = 1.0f;
     sgemm("N", "N", &m_, &n_, &k_, &one, w, &m_, x, &k_, &beta, y, &m_);
@@ -301,17 +513,17 @@ void decode_pass(const struct decode_args *a) {
     for (int64_t i = 0; i < a->n_layers; i++) {
         const struct decode_layer *w = a->layers + i;
         rms_norm(a->x, w->norm1, a->h, S, D, a->eps);
-        product(a->sgemm, a->h, w->wqkv, w->bqkv, a->qkv, S, D, qkv_w, 0.0f);
+        product(a, w->qqkv, a->h, w->wqkv, w->bqkv, a->qkv, S, D, qkv_w, 0.0f);
         rope_attend(a->qkv, S, a->nh, a->nkv, a->hd, a->cos_t, a->sin_t, a->pos, a->rows,
                     a->kc + i * a->layer_stride, a->vc + i * a->layer_stride, a->L, a->attn, a->scale, a->scores);
-        product(a->sgemm, a->attn, w->wo, w->bo, a->x, S, a->nh * a->hd, D, 1.0f);
+        product(a, w->qo, a->attn, w->wo, w->bo, a->x, S, a->nh * a->hd, D, 1.0f);
         rms_norm(a->x, w->norm2, a->h, S, D, a->eps);
-        product(a->sgemm, a->h, w->wgu, w->bgu, a->gu, S, D, 2 * a->inter, 0.0f);
+        product(a, w->qgu, a->h, w->wgu, w->bgu, a->gu, S, D, 2 * a->inter, 0.0f);
         silu_mul(a->gu, a->act, S, a->inter);
-        product(a->sgemm, a->act, w->wdown, w->bdown, a->x, S, a->inter, D, 1.0f);
+        product(a, w->qdown, a->act, w->wdown, w->bdown, a->x, S, a->inter, D, 1.0f);
     }
     rms_norm(a->x, a->final_norm, a->h, S, D, a->eps);
-    product(a->sgemm, a->h, a->whead, a->bhead, a->logits, S, D, a->V, 0.0f);
+    product(a, a->qhead, a->h, a->whead, a->bhead, a->logits, S, D, a->V, 0.0f);
 }
 
 /* A decode burst (decode_backend.py): up to K passes back to back, each sampling (sample_rows,

@@ -51,15 +51,17 @@ SIGNATURES = {
     "cache_to_pool": [_ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64],
     "decode_pass": [_ptr],
     "decode_burst": [_ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr],
+    "q8_vnni": [],
+    "q8_matmul": [_ptr, _ptr, _i64, _ptr, _ptr, ctypes.c_float, _ptr, _ptr],
 }
-RETURNS = {"decode_burst": _i64}
+RETURNS = {"decode_burst": _i64, "q8_vnni": ctypes.c_int, "q8_matmul": ctypes.c_int}
 
 
 class DecodeLayer(ctypes.Structure):
     """cpu_kernels.c's struct decode_layer: one layer's weight addresses (0 for no bias)."""
 
     _fields_ = [(name, _ptr) for name in ("norm1", "wqkv", "bqkv", "wo", "bo", "norm2", "wgu", "bgu", "wdown",
-                                          "bdown")]
+                                          "bdown", "qqkv", "qo", "qgu", "qdown")]
 
 
 class DecodeArgs(ctypes.Structure):
@@ -71,7 +73,7 @@ class DecodeArgs(ctypes.Structure):
                 + [("eps", ctypes.c_float), ("scale", ctypes.c_float)]
                 + [(name, _ptr) for name in ("embed", "ids", "pos", "rows", "cos_t", "sin_t", "kc", "vc",
                                              "final_norm", "whead", "bhead", "logits", "x", "h", "qkv", "attn",
-                                             "gu", "act", "scores")])
+                                             "gu", "act", "scores", "qhead", "xq", "xs")])
 
 _loaded: ctypes.CDLL | str | None = None
 

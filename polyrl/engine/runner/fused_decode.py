@@ -15,7 +15,8 @@ build exports BLAS sgemm (MKL builds do), the layer loop itself runs in C: one
 calls per layer, which removes their dispatch. That is the same arithmetic, bit for bit
 (sgemm is what torch.mm calls); `burst` runs a whole decode burst, sampling included,
 in one call. Otherwise the loop runs here in Python, as for large models whose products
-go through oneDNN-packed weights (packed_linear.py). bench/decode_pass.py times the
+go through oneDNN-packed weights (packed_linear.py). In an int8 engine (int8_linear.py) every product
+runs in cpu_kernels.c's q8_matmul on int8 weights, inside the whole-pass loop too. bench/decode_pass.py times the
 parts of a pass and the two loops.
 
 Equivalence with the model's forward pass is tested (tests/test_engine_fused.py):
@@ -40,8 +41,9 @@ from torch import Tensor
 
 from polyrl.engine.runner.cpu_kernels import DecodeArgs, DecodeLayer, blas_sgemm
 from polyrl.engine.runner.decode_cache import DecodeCache
+from polyrl.engine.runner.int8_linear import Int8Linear, Int8Weight
 from polyrl.engine.runner.packed_linear import MIN_PACKED_ELEMENTS
-from polyrl.models.transformer import Transformer, rope_cos_sin
+from polyrl.models.transformer import Transformer
 
 MAX_HEAD_DIM = 512  # cpu_kernels.c's rope_attend keeps its rotated queries on the stack
 ATTEND_GROUP = 4  # cpu_kernels.c's GROUP: query heads attended together, each with its own scores
@@ -59,6 +61,8 @@ def unsupported(model: Transformer) -> str | None:
         return f"fused decode needs an even head_dim <= {MAX_HEAD_DIM}, not {cfg.head_dim}"
     if cfg.num_attention_heads % cfg.num_key_value_heads:
         return "num_attention_heads must be a multiple of num_key_value_heads"
+    if model.rope.per_call:
+        return "dynamic NTK RoPE recomputed per call (rope.dynamic_length=None) cannot use cached RoPE tables"
     return None
 
 
@@ -68,20 +72,28 @@ class _Product:
     Small weights (the built-in model's all) run as one fused, transposed copy through
     torch.mm into a reused buffer: one call instead of three. Large ones run through the
     model's own modules, oneDNN-packed where the engine packed them (packed_linear.py),
-    so a big model's weights are never copied again."""
+    so a big model's weights are never copied again. In an int8 engine (the model's
+    layers are Int8Linear, int8_linear.py) the fused copy of small weights is int8 too (q)."""
 
     def __init__(self, linears: list[nn.Module]) -> None:
         self.linears = linears
         self.out_features = sum(m.out_features for m in linears)
-        self.wt = self.bias = None
+        self.wt = self.bias = self.q = None
         if sum(m.weight.numel() for m in linears) < MIN_PACKED_ELEMENTS:
-            self.wt = torch.cat([m.weight.detach() for m in linears]).t().contiguous()  # (in, out)
+            weight = torch.cat([m.weight.detach() for m in linears])  # (out, in)
+            if isinstance(linears[0], Int8Linear):  # per-channel scales: fusing first changes nothing
+                assert all(isinstance(m, Int8Linear) and m.scheme == linears[0].scheme for m in linears)
+                self.q = Int8Weight(weight, linears[0].lib, linears[0].scheme)
+            else:
+                self.wt = weight.t().contiguous()  # (in, out)
             if any(m.bias is not None for m in linears):
                 self.bias = torch.cat([m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.out_features)
                                        for m in linears])
 
     def __call__(self, x: Tensor, out: Tensor) -> Tensor:
         """x (rows, in) -> (rows, out_features), into `out` where it can."""
+        if self.q is not None:
+            return self.q.matmul(x, out, self.bias)
         if self.wt is None:
             ys = [m(x) for m in self.linears]
             return ys[0] if len(ys) == 1 else torch.cat(ys, dim=1, out=out)
@@ -91,6 +103,9 @@ class _Product:
 
     def add_to(self, x: Tensor, y: Tensor) -> None:
         """x += y @ W.T (+ b), in place: the residual (a single layer)."""
+        if self.q is not None:
+            self.q.matmul(y, x, self.bias, accumulate=True)
+            return
         if self.wt is None:
             x.add_(self.linears[0](y))
             return
@@ -131,7 +146,7 @@ class FusedDecoder:
         """The weight half of decode_pass's arguments, when the whole pass can run in one C
         call: every product has a fused copy (a small model) and this torch exports sgemm_."""
         products = [p for layer in self.layers for p in layer if isinstance(p, _Product)] + [self.head]
-        if not self.whole_pass or any(p.wt is None for p in products):
+        if not self.whole_pass or any(p.wt is None and (p.q is None or p.q.lib is None) for p in products):
             return None
         sgemm = blas_sgemm()
         if isinstance(sgemm, str):
@@ -140,17 +155,20 @@ class FusedDecoder:
         def addr(t: Tensor | None) -> int:
             return 0 if t is None else t.data_ptr()
 
+        def q8(p: _Product) -> int:  # the int8 weight's struct, kept alive by p.q
+            return 0 if p.q is None else ctypes.addressof(p.q.struct)
+
         self._layer_args = (DecodeLayer * len(self.layers))(*[
             DecodeLayer(addr(n1), addr(qkv.wt), addr(qkv.bias), addr(o.wt), addr(o.bias), addr(n2), addr(gu.wt),
-                        addr(gu.bias), addr(down.wt), addr(down.bias))
+                        addr(gu.bias), addr(down.wt), addr(down.bias), q8(qkv), q8(o), q8(gu), q8(down))
             for n1, qkv, o, n2, gu, down in self.layers])
         cfg = self.model.cfg
         return DecodeArgs(sgemm=sgemm, layers=ctypes.addressof(self._layer_args), n_layers=len(self.layers),
                           D=cfg.hidden_size, nh=self.nh, nkv=self.nkv, hd=self.hd, inter=cfg.intermediate_size,
                           V=self.head.out_features, eps=self.eps, scale=self.scale,
                           embed=self.model.model.embed_tokens.weight.data_ptr(),
-                          final_norm=self.model.model.norm.weight.data_ptr(), whead=self.head.wt.data_ptr(),
-                          bhead=addr(self.head.bias))
+                          final_norm=self.model.model.norm.weight.data_ptr(), whead=addr(self.head.wt),
+                          bhead=addr(self.head.bias), qhead=q8(self.head))
 
     @torch.inference_mode()
     def logits(self, ids: Tensor, pos: Tensor, rows: Tensor) -> Tensor:
@@ -235,6 +253,12 @@ class FusedDecoder:
         a.ids, a.pos, a.rows = ids.data_ptr(), pos.data_ptr(), rows.data_ptr()
         a.cos_t, a.sin_t, a.kc, a.vc = self.cos.data_ptr(), self.sin.data_ptr(), kc.data_ptr(), self.cache.v.data_ptr()
         a.logits = logits.data_ptr()
+        q8 = [p.q for layer in self.layers for p in layer if isinstance(p, _Product) and p.q is not None]
+        if self.head.q is not None:
+            q8.append(self.head.q)
+        if q8:  # int8 products: q8_matmul's scratch, as wide as the widest input
+            a.xq = self._buffer("xq", S, -(-max(q.Kp for q in q8) // 4)).data_ptr()  # float32 columns: 4 bytes each
+            a.xs = self._buffer("xs", S, 1).data_ptr()
         return a
 
     def _buffer(self, name: str, rows: int, cols: int) -> Tensor:
@@ -261,5 +285,5 @@ class FusedDecoder:
         if positions <= self.cos.shape[0]:
             return
         P = max(positions, 2 * self.cos.shape[0], 256)
-        cos, sin = rope_cos_sin(torch.arange(P)[None], self.hd, self.model.cfg.rope_theta, torch.float32)
+        cos, sin = self.model.rope.cos_sin(torch.arange(P)[None], torch.float32)
         self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()

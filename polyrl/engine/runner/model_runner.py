@@ -13,6 +13,9 @@ step is a burst of ScheduledBatch.steps passes (one for a plain decode step) who
 positions and sampling noise are computed here once, as (passes, S) tensors; the backend
 runs the passes back to back without going back to the scheduler.
 
+A speculative verify step (ScheduledBatch.drafts) runs the same packed forward with
+logits at every drafted position: speculative/verify_step.py.
+
 Out of scope: tensor parallelism, CUDA graphs, asynchronous scheduling (preparing step
 t+1 while step t runs); on GPU those are the vLLM backend's job.
 """
@@ -65,6 +68,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepOutput:
+        if batch.drafts is not None:  # a speculative verify step
+            from polyrl.engine.speculative.verify_step import verify_pass
+
+            return StepOutput(*verify_pass(self, batch))
         if batch.decode_only:
             return self._decode(batch)
         ids, positions, slots, sample_rows = self._pack(batch)

@@ -11,7 +11,8 @@ copy, which `repack()` refreshes after the weights change. Small layers stay wit
 F.linear, which does as well there. The model's forward code is untouched.
 
 Out of scope: GPUs (the vLLM backend), other dtypes (bf16 packing needs AVX512-BF16 or
-AMX), autograd (the engine runs under inference mode), int8.
+AMX), autograd (the engine runs under inference mode), int8 (int8_linear.py: an int8
+engine swaps its layers for Int8Linear instead).
 """
 
 from __future__ import annotations
