@@ -7,7 +7,11 @@
   polyrl pack NAME [-o OUT.jsonl]           write a built-in task set (humaneval, code, math) as a pack
   polyrl replay RUN_DIR [ID] [--list]       re-run a recorded code execution and compare its verdict
   polyrl agent [PACK.jsonl] [--model M | --openai-base-url URL] [--budget N]   run agent tasks, live view
-  polyrl obs RUN_DIR [--json] [--price-input P --price-output P]             per-call figures of a run
+  polyrl obs RUN_DIR [--phase train|eval|all] [--json] [--price-input P ...]  per-call figures of a run
+  polyrl report RUN_DIR|EVAL_DIR [-o FILE.html]   one self-contained HTML page with plots
+  polyrl eval SUITE --model A [--model B ...] [-o DIR] [--json]            compare models on a suite, failures attributed
+  polyrl suite example -o FILE              write an example suite of 104 business-shaped tagged tasks
+  polyrl serve [MODEL] [--host H] [--port P] [--tiers standard,fast]        OpenAI-compatible server
 
 One error path for every command (`run_command`): a user's mistake prints one line to stderr
 and exits 2 (argparse errors too, and any exception whose class sets `exit_code`, such as
@@ -37,6 +41,10 @@ COMMANDS = {
     "replay": "re-run a recorded code execution and compare its verdict",
     "agent": "run agent tasks against a model, with a live view",
     "obs": "token, cache, tool and budget figures of a run",
+    "report": "an HTML report with plots of a run or an evaluation",
+    "eval": "compare models on a task suite, each failure attributed",
+    "suite": "write an example evaluation suite",
+    "serve": "serve a model over an OpenAI-compatible API, standard and fast tiers",
 }
 
 

@@ -34,4 +34,13 @@ if ! command -v "${CC:-cc}" >/dev/null 2>&1; then
     echo "setup: no C compiler; for the engine's fused kernels install one: sudo apt-get install gcc" >&2
   fi
 fi
+# The report tests open the HTML report in headless Chromium (Debian's `chromium`).
+if [ "${1:-}" = "test" ] && ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    (apt-get install -y -qq chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium; }) \
+      || echo "setup: could not install chromium; the report's browser test will be skipped" >&2
+  else
+    echo "setup: chromium missing; for the report's browser test: sudo apt-get install chromium" >&2
+  fi
+fi
 echo "setup: polyrl installed in .venv"

@@ -12,6 +12,9 @@ built).
   the tools as JSON and calls are parsed from the text (call_format.py); tool results
   go back as user messages in <tool_response> tags.
 
+`service_tier` names the endpoint's speed tier for every call (a `polyrl serve` fast tier:
+`service_tier="fast"`), so a fallback slot can be the same model at the faster speed.
+
 Usage is read from the response: `prompt_tokens` (which OpenAI counts *including*
 cached tokens, the OTel convention too), `prompt_tokens_details.cached_tokens`,
 `completion_tokens`. With `stream=True` the call streams internally so the time to
@@ -58,12 +61,15 @@ class OpenAIChatModel:
     def __init__(self, model: str, base_url: str | None = None, api_key: str | None = None, *,
                  tool_format: str = "openai", stream: bool = False, temperature: float = 0.0,
                  context_window: int | None = None, timeout_s: float = 60.0, max_retries: int = 0,
-                 chars_per_token: float = 3.0, client: Any = None):
+                 chars_per_token: float = 3.0, client: Any = None, service_tier: str | None = None):
         if tool_format not in ("openai", "text"):
             raise ValueError(f"tool_format must be 'openai' or 'text', got {tool_format!r}")
         if chars_per_token <= 0:
             raise ValueError(f"chars_per_token must be > 0, got {chars_per_token}")
-        self.name = model
+        self.name = f"{model}@{service_tier}" if service_tier else model
+        self.api_model = model
+        self.service_tier = service_tier
+        """Sent as the request's `service_tier` (e.g. "fast": a `polyrl serve` fast tier)."""
         self.tool_format = tool_format
         self.tools_style = "openai" if tool_format == "openai" else "json"
         self.stream = stream
@@ -106,8 +112,10 @@ class OpenAIChatModel:
         return out
 
     def complete(self, request: ModelRequest) -> ModelReply:
-        kwargs: dict[str, Any] = {"model": self.name, "messages": self.api_messages(request.messages),
+        kwargs: dict[str, Any] = {"model": self.api_model, "messages": self.api_messages(request.messages),
                                   "max_tokens": request.max_tokens, "temperature": self.temperature}
+        if self.service_tier:
+            kwargs["service_tier"] = self.service_tier
         if self.tool_format == "openai" and request.tools.tools:
             kwargs["tools"] = request.tools.openai_specs()
             if request.purpose == "conclude":
@@ -131,7 +139,8 @@ class OpenAIChatModel:
         if usage is None:  # some servers omit usage: estimate rather than charge nothing
             usage = Usage(self.count_tokens(request.messages, request.tools),
                           math.ceil(len(text) / self.chars_per_token) + len(calls))
-        return ModelReply(text, calls, message, usage, finish or "stop", model or self.name, duration, ttft)
+        served = self.name if self.service_tier else (model or self.name)  # the tier shows in the records
+        return ModelReply(text, calls, message, usage, finish or "stop", served, duration, ttft)
 
     def _whole(self, kwargs: dict[str, Any]) -> tuple:
         resp = self.client.chat.completions.create(**kwargs)

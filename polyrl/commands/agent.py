@@ -5,6 +5,9 @@
     polyrl agent PACK.jsonl [--id ID ...]          tasks of an agent task pack
     polyrl agent --openai-base-url http://localhost:8000/v1 --openai-model Qwen/Qwen2.5-7B-Instruct
     polyrl agent --budget 600 --max-steps 6 --run-dir runs/agent-try
+    polyrl agent --openai-base-url http://127.0.0.1:8000/v1 --openai-model builtin:tiny --tool-format text \
+        --budget 900 --fallback-service-tier fast      over budget: the same model on `polyrl serve`'s fast tier
+    polyrl agent --budget 900 --fallback-model fast    the same, in process
 
 Each task runs one episode of the agent loop; the live view prints every model call
 (tokens, cache hits, budget), every tool call and result, and every budget or context
@@ -24,7 +27,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import Any, Callable, TextIO
 
 from polyrl.agent.budget import TokenBudget
 from polyrl.agent.loop import AgentConfig, ModelSlot, run_agent
@@ -50,6 +53,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="endpoint tool calls: OpenAI tools, or the text format for endpoints without tools")
     p.add_argument("--stream", action="store_true", help="stream endpoint calls (measures time to first token)")
     p.add_argument("--fallback-openai-model", help="a lighter model at the same endpoint, used over budget")
+    p.add_argument("--fallback-service-tier", metavar="TIER",
+                   help="fall back to the endpoint's model (or --fallback-openai-model) on this service tier, "
+                        "e.g. fast: the fast tier of a `polyrl serve` endpoint")
+    p.add_argument("--fallback-model", metavar="M",
+                   help="without an endpoint: a lighter local model to fall back to (builtin:NAME or a directory), "
+                        "or `fast`: --model itself on polyrl's fast tier (int8, speculative decoding)")
     p.add_argument("--fallback-cost-weight", type=non_negative_number, default=0.25,
                    help="budget tokens per token of the fallback model (default 0.25)")
     p.add_argument("--budget", type=at_least(1), help="token budget per episode (prompt + completion); default none")
@@ -120,25 +129,54 @@ def _model_factory(args: argparse.Namespace) -> Callable[[], list[ModelSlot]]:
         from polyrl.agent.openai_model import OpenAIChatModel
 
         key = os.environ.get(args.api_key_env)
-        make = lambda name: OpenAIChatModel(name, args.openai_base_url, key, tool_format=args.tool_format,  # noqa: E731
-                                            stream=args.stream, temperature=args.temperature)
+        make = lambda name, tier=None: OpenAIChatModel(  # noqa: E731
+            name, args.openai_base_url, key, tool_format=args.tool_format, stream=args.stream,
+            temperature=args.temperature, service_tier=tier)
         slots = [ModelSlot(make(args.openai_model))]
-        if args.fallback_openai_model:
-            slots.append(ModelSlot(make(args.fallback_openai_model), args.fallback_cost_weight))
+        if args.fallback_openai_model or args.fallback_service_tier:
+            fallback = make(args.fallback_openai_model or args.openai_model, args.fallback_service_tier)
+            slots.append(ModelSlot(fallback, args.fallback_cost_weight))
         return lambda: slots
+    if args.fallback_service_tier:
+        raise ValueError("--fallback-service-tier needs --openai-base-url (locally: --fallback-model fast)")
     from polyrl.agent.engine_model import EngineChatModel
     from polyrl.engine.base import SamplingParams
     from polyrl.config import EngineConfig
     from polyrl.engine.factory import build_engine
     from polyrl.models.loading import load_policy, resolve_model_dir
 
-    model_dir = resolve_model_dir(args.model, log=lambda m: print(m, file=sys.stderr))
+    log = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    model_dir = resolve_model_dir(args.model, log=log)
     model, tokenizer = load_policy(model_dir, "float32")
     engine = build_engine(EngineConfig(), model, tokenizer, model_dir)  # the paged engine: turns reuse the cache
     window = model.cfg.max_position_embeddings
     sampling = SamplingParams(temperature=args.temperature, seed=args.seed)
     name = "tiny" if args.model == "builtin:tiny" else Path(args.model).name
-    return lambda: [ModelSlot(EngineChatModel(engine, tokenizer, sampling, name, window))]
+    if not args.fallback_model:
+        return lambda: [ModelSlot(EngineChatModel(engine, tokenizer, sampling, name, window))]
+    light, light_name = _local_fallback(args.fallback_model, model, tokenizer, log)
+    return lambda: [ModelSlot(EngineChatModel(engine, tokenizer, sampling, name, window)),
+                    ModelSlot(EngineChatModel(light, tokenizer, sampling, light_name, window), args.fallback_cost_weight)]
+
+
+def _local_fallback(spec: str, model: Any, tokenizer: Any, log: Callable[[str], None]) -> tuple[Any, str]:
+    """The fallback engine of --fallback-model: `fast` (the same weights on the fast tier) or another
+    model, which must share the tokenizer (the episode's token trace is one sequence)."""
+    import copy
+
+    from polyrl.engine.config import NativeEngineConfig
+    from polyrl.engine.paged import PagedEngine
+    from polyrl.models.loading import load_policy, resolve_model_dir
+    from polyrl.serve.tiers import tier_config
+
+    if spec == "fast":
+        return PagedEngine(copy.deepcopy(model), tokenizer, tier_config("fast", NativeEngineConfig())), "fast"
+    light_dir = resolve_model_dir(spec, log=log)
+    light, light_tok = load_policy(light_dir, "float32")
+    if light_tok.vocab_size != tokenizer.vocab_size:
+        raise ValueError(f"--fallback-model {spec}: its tokenizer differs from --model's; "
+                         "a local fallback must share the tokenizer")
+    return PagedEngine(light, tokenizer), Path(spec).name
 
 
 def main(args: argparse.Namespace) -> int:

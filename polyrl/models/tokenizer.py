@@ -87,15 +87,27 @@ class Tokenizer:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
         return self.apply_chat_template(messages, add_generation_prompt=True)
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None) -> str:
+        """The conversation as the model's template lays it out; `tools` (OpenAI tool specs) go to
+        templates that read them (`chat_template_source()` mentions them) as Hugging Face passes them."""
         if self._template is None:
             raise ValueError("this tokenizer has no chat_template in tokenizer_config.json")
+        extra = {"tools": tools} if tools else {}
         return self._template.render(
             messages=messages,
             add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token or "",
             eos_token=self.eos_token or "",
+            **extra,
         )
+
+    def chat_template_source(self) -> str:
+        """The chat template's Jinja text ("" when the model has none)."""
+        template = self.config.get("chat_template") or ""
+        if isinstance(template, list):
+            template = next((t["template"] for t in template if t.get("name") == "default"), "")
+        return template
 
     def stop_token_ids(self) -> list[int]:
         """Token ids that end an assistant turn: EOS and, for ChatML models, <|im_end|>."""
