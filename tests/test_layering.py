@@ -23,7 +23,7 @@ LAYERS = {
     # libraries of tasks, grading, audits and the agent loop
     "agent": MIDDLE, "domains": MIDDLE, "rewards": MIDDLE, "quality": MIDDLE,
     # what wires them together: rollout, training, the built-in recipes, the run file, the commands
-    "rollout": TOP, "train": TOP, "pipeline": TOP, "serve": TOP, "evals": TOP, "builtin": TOP,
+    "rollout": TOP, "train": TOP, "pipeline": TOP, "serve": TOP, "evals": TOP, "report": TOP, "builtin": TOP,
     "config": TOP, "config_messages": TOP, "config_checks": TOP, "commands": TOP, "cli": TOP,
 }
 NAMES = {BASE: "base", MIDDLE: "middle", TOP: "top"}

@@ -1,11 +1,14 @@
 """`polyrl train [RUN.yaml] [--run-dir DIR] [--ray [ADDRESS]]` and `polyrl train --resume RUN_DIR`.
 
 With no run file, the built-in quickstart (polyrl/configs/quickstart.yaml). The loop
-itself is polyrl/train/loop.py. Exit status: 0 trained (or the resumed run had already
-finished: nothing is repeated), 2 the run file or run directory cannot be used (the message
-names the file, line and field, or says what to do with the directory), 1 the disk filled
-up (the run stopped after its last whole step: free space and `--resume`), 130 Ctrl-C (the
-same: `--resume` continues it). Any other failure writes its traceback into the run directory.
+itself is polyrl/train/loop.py. At the end it writes the run's report, RUN_DIR/report.html
+(`polyrl report`), and prints its path; a report that cannot be written is a warning.
+`--otel-endpoint URL` also exports the run's observability records as OTLP/HTTP spans.
+Exit status: 0 trained (or the resumed run had already finished: nothing is repeated), 2 the
+run file or run directory cannot be used (the message names the file, line and field, or says
+what to do with the directory), 1 the disk filled up (the run stopped after its last whole
+step: free space and `--resume`), 130 Ctrl-C (the same: `--resume` continues it). Any other
+failure writes its traceback into the run directory.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
                    help="run the rollout and reward roles as Ray actors (cluster.backend: ray); ADDRESS joins a "
                         "running cluster ('auto', 'ray://host:10001'), none starts a local one")
+    p.add_argument("--otel-endpoint", metavar="URL", help="also export every model call, tool call and verdict, "
+                                                          "training and evaluation, as OTLP/HTTP spans (polyrl[otel])")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -74,9 +79,18 @@ def main(args: argparse.Namespace) -> int:
 
     from polyrl.train.loop import train
 
+    export = None
+    if getattr(args, "otel_endpoint", None):
+        from polyrl.obs.otel import otlp_recorder
+
+        try:
+            export = otlp_recorder(args.otel_endpoint)
+        except ImportError as err:
+            print(f"polyrl train: --otel-endpoint: {err}", file=sys.stderr)
+            return 2
     args.crash_dir = run_dir  # where cli.py writes the traceback of an internal error
     try:
-        train(cfg, run_dir, resume=bool(args.resume))
+        train(cfg, run_dir, resume=bool(args.resume), export=export)
     except KeyboardInterrupt:
         print(f"\npolyrl train: interrupted; the run keeps its last whole step: continue it with "
               f"`polyrl train --resume {run_dir}`", file=sys.stderr)
@@ -90,4 +104,16 @@ def main(args: argparse.Namespace) -> int:
         print(f"polyrl train: disk full ({err}); the run keeps its last whole step: free some space and continue "
               f"it with `polyrl train --resume {run_dir}`", file=sys.stderr)
         return 1
+    write_report(run_dir)
     return 0
+
+
+def write_report(run_dir: Path) -> None:
+    """Write RUN_DIR/report.html (`polyrl report`) and print its path; a failure is a warning."""
+    try:
+        from polyrl.report.build import write_report as build
+
+        print(f"report: {build(run_dir)}")
+    except Exception as err:  # noqa: BLE001 -- the run itself succeeded; its report is a by-product
+        print(f"polyrl train: warning: the report was not written ({type(err).__name__}: {err}); "
+              f"try `polyrl report {run_dir}`", file=sys.stderr)

@@ -4,7 +4,13 @@
 duration and attributes (already OTel GenAI names) on a tracer of the given or the
 global TracerProvider, so any configured exporter (an OTLP collector, Langfuse,
 Jaeger) receives them. `otlp_recorder(endpoint)` builds a provider that ships spans
-over OTLP/HTTP.
+over OTLP/HTTP. Two ways records reach it:
+
+- live: `polyrl agent --otel-endpoint URL`, and `polyrl train --otel-endpoint URL`, whose
+  loop hands the recorder every record it commits, training and evaluation alike (each
+  span carries x.phase and x.domain; a resumed run sends a repeated step's spans again);
+- afterwards: `export_store(RUN_DIR, recorder, phase)` (`polyrl obs RUN_DIR --otel-endpoint
+  URL`) sends the records a store holds, e.g. a finished run's or an evaluation's.
 
 The `opentelemetry-*` packages are an optional extra (`pip install 'polyrl[otel]'`),
 imported only when a recorder is built.
@@ -18,7 +24,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from polyrl.obs.records import ObsRecord
+from pathlib import Path
+
+from polyrl.obs.records import ObsRecord, Recorder
+from polyrl.obs.store import read_records
 
 _MISSING = ("OpenTelemetry export needs the optional packages: pip install 'polyrl[otel]'  "
             "(opentelemetry-sdk and opentelemetry-exporter-otlp-proto-http)")
@@ -39,8 +48,8 @@ class OTelRecorder:
             from opentelemetry import trace
         except ImportError as exc:
             raise ImportError(_MISSING) from exc
-        provider = tracer_provider or trace.get_tracer_provider()
-        self.tracer = provider.get_tracer("polyrl")
+        self.provider = tracer_provider or trace.get_tracer_provider()
+        self.tracer = self.provider.get_tracer("polyrl")
 
     def record(self, rec: ObsRecord) -> None:
         start_ns = int(rec.start_time * 1e9)
@@ -62,3 +71,19 @@ def otlp_recorder(endpoint: str) -> OTelRecorder:
     provider = TracerProvider(resource=Resource.create({"service.name": "polyrl"}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
     return OTelRecorder(provider)
+
+
+def export_store(path: str | Path, recorder: Recorder, phase: str | None = None) -> int:
+    """Send the records of the store at `path` (one phase's, or all) to `recorder`; returns how many."""
+    n = 0
+    for rec in read_records(path, phase=phase):
+        recorder.record(rec)
+        n += 1
+    return n
+
+
+def flush(recorder: Recorder) -> None:
+    """Push spans still buffered by the recorder's provider (a BatchSpanProcessor) out now."""
+    provider = getattr(recorder, "provider", None)
+    if provider is not None and hasattr(provider, "force_flush"):
+        provider.force_flush()

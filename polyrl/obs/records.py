@@ -18,6 +18,10 @@ exists, `x.*` extensions otherwise:
     gen_ai.tool.name, gen_ai.tool.call.id  tool calls; tool latency = duration
     error.type                             failed calls and tools only
     x.step, x.task_id                      where in the episode
+    x.phase, x.domain                      "train" | "eval", and the task's domain (rollouts
+                                           of a training run; `Stamp` adds them)
+    x.call.batch_size, x.call.batch_duration   a call answered inside one batched engine call:
+                                           its duration is its share of the batch's
     x.budget.*                             spent, limit, milestone, action
     x.context.*                            tokens before/after a compression or truncation
     x.episode.*                            success, reward, stop reason, tokens, steps
@@ -44,6 +48,8 @@ TTFT = "gen_ai.client.operation.time_to_first_chunk"
 FINISH_REASONS = "gen_ai.response.finish_reasons"
 TOOL_NAME = "gen_ai.tool.name"
 ERROR_TYPE = "error.type"
+PHASE = "x.phase"
+DOMAIN = "x.domain"
 
 
 @dataclass
@@ -86,6 +92,26 @@ class Tee:
     def record(self, rec: ObsRecord) -> None:
         for r in self.recorders:
             r.record(rec)
+
+
+class Stamp:
+    """Adds fixed attributes (phase, domain) to every record before passing it on; an
+    attribute the record already has is kept."""
+
+    def __init__(self, recorder: Recorder, **attributes: Any):
+        self.recorder, self.attributes = recorder, attributes
+
+    def record(self, rec: ObsRecord) -> None:
+        rec.attributes = {**self.attributes, **rec.attributes}
+        self.recorder.record(rec)
+
+
+def stamped(records: list[ObsRecord], **attributes: Any) -> list[ObsRecord]:
+    """`records`, each with `attributes` added where it has none of that name (in place)."""
+    stamp = Stamp(ListRecorder(), **attributes)
+    for rec in records:
+        stamp.record(rec)
+    return records
 
 
 def model_call(trace_id: str, task_id: str | None, step: int, *, provider: str, request_model: str,

@@ -1,6 +1,8 @@
 """The figures of a run's observability records (`polyrl obs RUN_DIR` prints them).
 
     tokens per step            mean prompt + completion tokens of a model call, and by step index
+    per domain                 model calls, tokens (cached among them), calls cut at max_tokens,
+                               model seconds (training and evaluation records carry x.domain)
     prefix-cache hit rate      sum(cache-read tokens) / sum(input tokens)
     time to first token        p50 / p95 where the backend measured it
     tool latency               p50 / p95, per tool too
@@ -12,6 +14,9 @@
 
 Input tokens include cached tokens (OTel GenAI), so uncached input = input - cached;
 cost = uncached * price_input + cached * price_cached + output * price_output.
+
+`build_report(path, phase="train")` takes one phase's records ("train", "eval", "" for records
+without one; None: all); `polyrl obs` prints one report per phase.
 
 Out of scope: the command line (polyrl/commands/obs.py), dashboards and time series (metrics.jsonl has those), per-tier routing.
 """
@@ -54,6 +59,8 @@ class Prices:
 
 @dataclass
 class ObsReport:
+    phase: str | None = None
+    """the phase whose records these are ("" none; None: every record)"""
     model_calls: int = 0
     traces: int = 0
     input_tokens: int = 0
@@ -62,6 +69,10 @@ class ObsReport:
     tokens_per_step: float | None = None
     by_step: list[dict[str, Any]] = field(default_factory=list)
     cache_hit_rate: float | None = None
+    length_stops: int = 0
+    """model calls cut at max_tokens (finish reason "length")"""
+    domains: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """per x.domain: calls, input/cached/output tokens, length_stops, model_seconds"""
     ttft_p50_s: float | None = None
     ttft_p95_s: float | None = None
     model_errors: dict[str, int] = field(default_factory=dict)
@@ -82,12 +93,12 @@ class ObsReport:
     actions: dict[str, int] = field(default_factory=dict)
 
 
-def build_report(path: str | Path, prices: Prices | None = None) -> ObsReport:
-    rep = ObsReport()
-    calls = list(read_records(path, "model"))
-    tools = list(read_records(path, "tool"))
-    events = list(read_records(path, "event"))
-    episodes = list(read_records(path, "episode"))
+def build_report(path: str | Path, prices: Prices | None = None, phase: str | None = None) -> ObsReport:
+    rep = ObsReport(phase=phase)
+    calls = list(read_records(path, "model", phase))
+    tools = list(read_records(path, "tool", phase))
+    events = list(read_records(path, "event", phase))
+    episodes = list(read_records(path, "episode", phase))
 
     per_step: dict[int, list[tuple[int, int]]] = defaultdict(list)
     for c in calls:
@@ -99,6 +110,17 @@ def build_report(path: str | Path, prices: Prices | None = None) -> ObsReport:
         per_step[c.step if c.step is not None else -1].append((i, o))
         if a.get(R.ERROR_TYPE):
             rep.model_errors[a[R.ERROR_TYPE]] = rep.model_errors.get(a[R.ERROR_TYPE], 0) + 1
+        length = (a.get(R.FINISH_REASONS) or [None])[0] == "length"
+        rep.length_stops += length
+        if a.get(R.DOMAIN) is not None:
+            d = rep.domains.setdefault(str(a[R.DOMAIN]), {"calls": 0, "input_tokens": 0, "cached_tokens": 0,
+                                                         "output_tokens": 0, "length_stops": 0, "model_seconds": 0.0})
+            d["calls"] += 1
+            d["input_tokens"] += i
+            d["cached_tokens"] += int(a.get(R.CACHE_READ_TOKENS) or 0)
+            d["output_tokens"] += o
+            d["length_stops"] += length
+            d["model_seconds"] += float(c.duration_s or 0.0)
     rep.model_calls = len(calls)
     rep.traces = len({c.trace_id for c in calls})
     if calls:
@@ -148,6 +170,7 @@ def build_report(path: str | Path, prices: Prices | None = None) -> ObsReport:
         if action and action != "alert":
             rep.actions[action] = rep.actions.get(action, 0) + 1
     rep.budget_exhausted_at_step = dict(sorted(rep.budget_exhausted_at_step.items()))
+    rep.domains = dict(sorted(rep.domains.items()))
     return rep
 
 
@@ -162,6 +185,11 @@ def format_report(rep: ObsReport) -> str:
     for row in rep.by_step[:12]:
         lines.append(f"  step {row['step']:>3}: {row['calls']:>5} calls, "
                      f"in {row['input']:.1f}, out {row['output']:.1f}")
+    if rep.length_stops:
+        lines.append(f"cut at max_tokens  {rep.length_stops} of {rep.model_calls} model calls")
+    for name, d in rep.domains.items():
+        lines.append(f"  {name:<12} {d['calls']:>5} calls, in {d['input_tokens']} (cached {d['cached_tokens']}), "
+                     f"out {d['output_tokens']}, {d['length_stops']} cut, {d['model_seconds']:.2f} s")
     lines += [f"prefix-cache hits  {_fmt(rep.cache_hit_rate, '%', 100)} of input tokens",
               f"time to 1st token  p50 {_fmt(rep.ttft_p50_s, ' ms', 1e3)}, p95 {_fmt(rep.ttft_p95_s, ' ms', 1e3)}"]
     if rep.model_errors:

@@ -5,13 +5,15 @@ columns below; every attribute, OTel name as key, is kept as JSON in `attributes
 
     records(id, kind, name, trace_id, task_id, step, start_time, duration_s,
             model, input_tokens, cached_tokens, output_tokens, ttft_s, finish_reason,
-            tool_name, error_type, attributes, train_step)
+            tool_name, error_type, attributes, train_step, phase)
 
 `step` is the step within an agent episode; `train_step` the training step in flight when
 the record was written (set `store.train_step`; the run directory does), so a resumed run
 deletes the records of the step it repeats (`delete_from_step`). A store killed
 mid-commit is rolled back by SQLite itself when next opened for writing; `read_records`
-opens it for writing when it can, so a hot journal never stops a reader.
+opens it for writing when it can, so a hot journal never stops a reader. `phase` is the
+record's `x.phase` attribute: "train" (training rollouts), "eval" (held-out and suite
+evaluation), NULL for records written outside either (`polyrl agent`); readers filter on it.
 
 Writes are buffered and committed every `flush_every` records and on close; the store
 is safe to share between threads (one connection, one lock). Readers open the file
@@ -54,14 +56,15 @@ CREATE TABLE IF NOT EXISTS records (
     tool_name TEXT,
     error_type TEXT,
     attributes TEXT NOT NULL,
-    train_step INTEGER
+    train_step INTEGER,
+    phase TEXT
 );
 CREATE INDEX IF NOT EXISTS records_kind ON records (kind);
 CREATE INDEX IF NOT EXISTS records_trace ON records (trace_id);
 """
 _COLUMNS = ("kind", "name", "trace_id", "task_id", "step", "start_time", "duration_s", "model", "input_tokens",
             "cached_tokens", "output_tokens", "ttft_s", "finish_reason", "tool_name", "error_type", "attributes",
-            "train_step")
+            "train_step", "phase")
 
 
 class ObsStoreError(Exception):
@@ -79,7 +82,7 @@ def _row(rec: ObsRecord, train_step: int | None) -> tuple[Any, ...]:
             a.get("gen_ai.response.model") or a.get("gen_ai.request.model"), a.get(R.INPUT_TOKENS),
             a.get(R.CACHE_READ_TOKENS), a.get(R.OUTPUT_TOKENS), a.get(R.TTFT),
             finish[0] if isinstance(finish, list) and finish else None, a.get(R.TOOL_NAME), a.get(R.ERROR_TYPE),
-            json.dumps(a, default=str), train_step)
+            json.dumps(a, default=str), train_step, a.get(R.PHASE))
 
 
 class ObsStore:
@@ -90,9 +93,11 @@ class ObsStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, check_same_thread=False)
         self._db.executescript(_SCHEMA)
-        if "train_step" not in {row[1] for row in self._db.execute("PRAGMA table_info(records)")}:
-            self._db.execute("ALTER TABLE records ADD COLUMN train_step INTEGER")  # a store from before it
-            self._db.commit()
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(records)")}
+        for name, kind in (("train_step", "INTEGER"), ("phase", "TEXT")):  # a store from before them
+            if name not in columns:
+                self._db.execute(f"ALTER TABLE records ADD COLUMN {name} {kind}")
+        self._db.commit()
         self._lock = threading.Lock()
         self._buffer: list[tuple[Any, ...]] = []
         self.flush_every = flush_every
@@ -133,9 +138,9 @@ class ObsStore:
         self.close()
 
 
-def read_records(path: str | Path, kind: str | None = None) -> Iterator[ObsRecord]:
-    """Records of the store at `path` (a file or a run directory), in insertion order.
-    ObsStoreError when the file is not a readable store."""
+def _connect(path: str | Path) -> tuple[sqlite3.Connection, Path, str]:
+    """A connection to the store at `path` (a file or a run directory), and the SQL of a
+    record's phase ('' for none; a store from before the column has none)."""
     path = Path(path)
     if path.is_dir():
         path = store_path(path)
@@ -148,10 +153,30 @@ def read_records(path: str | Path, kind: str | None = None) -> Iterator[ObsRecor
     except sqlite3.Error as err:
         raise ObsStoreError(f"{path}: cannot open the observability store: {err}") from None
     try:
-        query = "SELECT kind, name, trace_id, task_id, step, start_time, duration_s, attributes FROM records"
+        columns = {row[1] for row in db.execute("PRAGMA table_info(records)")}
+    except sqlite3.Error as err:
+        db.close()
+        raise ObsStoreError(f"{path}: not a readable observability store ({err})") from None
+    return db, path, "COALESCE(phase, '')" if "phase" in columns else "''"
+
+
+def read_records(path: str | Path, kind: str | None = None, phase: str | None = None) -> Iterator[ObsRecord]:
+    """Records of the store at `path` (a file or a run directory), in insertion order; `kind`
+    and `phase` ("train", "eval"; "" for records without one) filter them, None takes all.
+    ObsStoreError when the file is not a readable store."""
+    db, path, phase_sql = _connect(path)
+    try:
+        where, params = [], []
+        if kind:
+            where.append("kind = ?")
+            params.append(kind)
+        if phase is not None:
+            where.append(f"{phase_sql} = ?")
+            params.append(phase)
+        query = ("SELECT kind, name, trace_id, task_id, step, start_time, duration_s, attributes FROM records"
+                 + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id")
         try:
-            rows = db.execute(query + (" WHERE kind = ?" if kind else "") + " ORDER BY id",
-                              (kind,) if kind else ()).fetchall()
+            rows = db.execute(query, params).fetchall()
         except sqlite3.Error as err:
             raise ObsStoreError(f"{path}: not a readable observability store ({err})") from None
         for k, name, trace_id, task_id, step, start, duration, attrs in rows:
@@ -162,6 +187,19 @@ def read_records(path: str | Path, kind: str | None = None) -> Iterator[ObsRecor
             yield ObsRecord(k, name, trace_id, attributes, task_id, step, start, duration)
     finally:
         db.close()
+
+
+def read_phases(path: str | Path) -> list[str]:
+    """The phases the store's records carry, "train" and "eval" first ("" for records without one)."""
+    db, path, phase_sql = _connect(path)
+    try:
+        found = {row[0] for row in db.execute(f"SELECT DISTINCT {phase_sql} FROM records")}
+    except sqlite3.Error as err:
+        raise ObsStoreError(f"{path}: not a readable observability store ({err})") from None
+    finally:
+        db.close()
+    order = {"train": 0, "eval": 1}
+    return sorted(found, key=lambda p: (order.get(p, 2), p))
 
 
 def delete_from_step(path: str | Path, step: int | None) -> int:

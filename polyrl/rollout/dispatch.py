@@ -8,8 +8,10 @@ Tasks of a domain whose spec has `agent` settings run as multi-turn episodes
 as `Group`s whose samples answer the same questions (groups.py), so reward, advantage
 and loss treat them alike.
 
-After scoring, `record_episodes` writes each episode's verdict to the observability
-store, next to its model and tool calls (`polyrl obs` reads tokens per success there).
+With a `recorder`, every model call is recorded, single-turn samples' too (groups.py),
+each with its domain (x.domain); after scoring, `record_episodes` writes each episode's
+verdict next to its model and tool calls (`polyrl obs` reads tokens per success there).
+Whoever owns the records adds their phase (train/loop.py: "train" or "eval").
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ class Rollout:
     context_window: int | None = None
     """prompt + completion tokens the model can see (its max_position_embeddings)"""
     recorder: Recorder | None = None
-    """where agent episodes' model calls, tool calls and verdicts are recorded"""
+    """where model calls (every domain's), agent tool calls and budget events are recorded"""
 
     def groups(self, tasks: Sequence[Task], group_size: int, sampling: Callable[[DomainSpec], SamplingParams],
                trace_prefix: str = "rollout") -> list[Group]:
@@ -47,7 +49,7 @@ class Rollout:
         `sampling(spec)` gives each domain's sampling for this call."""
         params = {name: sampling(spec) for name, spec in self.specs.items()}
         single = [t for t in tasks if self.specs[t.domain].agent is None]
-        groups = sample_groups(self.engine, self.tokenizer, single, group_size, params)
+        groups = sample_groups(self.engine, self.tokenizer, single, group_size, params, self.recorder, trace_prefix)
         by_domain: dict[str, list[Task]] = defaultdict(list)
         for task in tasks:
             if self.specs[task.domain].agent is not None:
@@ -56,9 +58,10 @@ class Rollout:
             agent = self.specs[domain].agent
             assert agent is not None
             config = AgentConfig(max_steps=agent.max_steps, max_tokens=params[domain].max_tokens)
+            recorder = None if self.recorder is None else records.Stamp(self.recorder, **{records.DOMAIN: domain})
             episodes = rollout_episodes(self.engine, self.tokenizer, domain_tasks, group_size, params[domain],
                                         agent.toolbox_for, config, context_window=self.context_window,
-                                        recorder=self.recorder, trace_prefix=f"{trace_prefix}-{domain}")
+                                        recorder=recorder, trace_prefix=f"{trace_prefix}-{domain}")
             groups += [Group(task, list(episodes[i * group_size:(i + 1) * group_size]))
                        for i, task in enumerate(domain_tasks)]
         return groups
@@ -73,7 +76,9 @@ def record_episodes(groups: list[Group], recorder: Recorder | None) -> None:
             if not isinstance(e, Episode):
                 continue
             r = e.result
-            recorder.record(records.episode(
+            rec = records.episode(
                 r.trace_id, g.task.id, success=bool(score.details.get("success")), reward=score.value,
                 stop_reason=r.stop_reason, steps=len(r.steps), input_tokens=r.input_tokens,
-                output_tokens=r.output_tokens, cached_tokens=r.cached_tokens))
+                output_tokens=r.output_tokens, cached_tokens=r.cached_tokens)
+            rec.attributes[records.DOMAIN] = g.task.domain
+            recorder.record(rec)

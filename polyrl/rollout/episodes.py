@@ -48,6 +48,7 @@ from polyrl.agent.tools import ToolBox
 from polyrl.engine.base import Engine, SamplingParams
 from polyrl.models.tokenizer import Tokenizer
 from polyrl.obs.records import Recorder
+from polyrl.rollout.groups import latency_shares
 from polyrl.types import Task
 
 
@@ -177,10 +178,11 @@ def rollout_episodes(engine: Engine, tokenizer: Tokenizer, tasks: Sequence[Task]
             params = replace(sampling, max_tokens=max_tokens, seed=_round_seed(sampling.seed, round_index, max_tokens))
             start = time.perf_counter()
             completions = engine.generate(prompts, 1, params)
-            duration = time.perf_counter() - start  # one batched call: each reply reports its duration
-            for k, prompt_ids, completion in zip(ks, prompts, completions):
+            duration = time.perf_counter() - start  # one batched call: each reply reports its share of it
+            shares = latency_shares(duration, [len(c.token_ids) for c in completions])
+            for k, prompt_ids, completion, share in zip(ks, prompts, completions, shares):
                 call_versions[k].append(completion.versions())
-                reply = sessions[k].finish(prompt_ids, completion, duration)
+                reply = sessions[k].finish(prompt_ids, completion, share)
                 _advance(k, episodes[k], reply, pending, results)
         round_index += 1
 

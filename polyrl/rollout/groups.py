@@ -15,17 +15,26 @@ treat them alike:
     sample.rows()            training rows (token ids, loss mask, logprobs)
     sample.record()          its fields of the trajectory log
 
+`sample_groups` with a recorder writes one observability record per completion ("chat
+policy": prompt tokens, cached tokens, completion tokens, finish reason, x.domain). One
+engine call answers a whole batch, so a record's duration is its share of the call, in
+proportion to the tokens it generated (`latency_shares`); x.call.batch_duration and
+x.call.batch_size give the call itself.
+
 Rollout knows the Engine contract and the verifier contract, nothing of training.
 """
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol
 
 from polyrl.engine.base import Engine, SamplingParams
 from polyrl.models.tokenizer import Tokenizer
+from polyrl.obs import records
+from polyrl.obs.records import Recorder
 from polyrl.rewards.base import Response, Verifier
 from polyrl.rollout.spec import DomainSpec
 from polyrl.types import Completion, Score, Task
@@ -113,10 +122,20 @@ def render_prompts(tokenizer: Tokenizer, tasks: list[Task]) -> list[list[int]]:
     return [tokenizer.encode(tokenizer.chat_prompt(t.prompt)) for t in tasks]
 
 
+def latency_shares(duration_s: float, generated: list[int]) -> list[float]:
+    """Split one batched call's seconds among its requests in proportion to the tokens each
+    generated (plus one: a request that generated nothing still took part in the call)."""
+    weights = [n + 1 for n in generated]
+    total = sum(weights)
+    return [duration_s * w / total for w in weights]
+
+
 def sample_groups(engine: Engine, tokenizer: Tokenizer, tasks: list[Task], group_size: int,
-                  sampling_for: Mapping[str, SamplingParams]) -> list[Group]:
+                  sampling_for: Mapping[str, SamplingParams], recorder: Recorder | None = None,
+                  trace_prefix: str = "rollout", model: str = "policy") -> list[Group]:
     """Generate `group_size` completions for every task; `sampling_for` maps domain -> params
-    (domains may differ in max_tokens). One engine call per distinct sampling setting."""
+    (domains may differ in max_tokens). One engine call per distinct sampling setting; with a
+    `recorder`, one model-call record per completion (trace "{trace_prefix}-{domain}-{i}-{j}-{id}")."""
     if not tasks:
         return []
     prompt_ids = render_prompts(tokenizer, tasks)
@@ -125,11 +144,30 @@ def sample_groups(engine: Engine, tokenizer: Tokenizer, tasks: list[Task], group
     for i, task in enumerate(tasks):
         by_params[sampling_for[task.domain]].append(i)
     for params, indices in by_params.items():
+        start = time.perf_counter()
         completions = engine.generate([prompt_ids[i] for i in indices], group_size, params)
+        duration = time.perf_counter() - start
+        if recorder is not None:
+            shares = latency_shares(duration, [len(c.token_ids) for c in completions])
+            for k, (c, share) in enumerate(zip(completions, shares)):
+                i, j = indices[k // group_size], k % group_size
+                recorder.record(_call_record(tasks[i], i, j, prompt_ids[i], c, share, duration, len(completions),
+                                             trace_prefix, model))
         for k, i in enumerate(indices):
             group = completions[k * group_size:(k + 1) * group_size]
             groups[i] = Group(tasks[i], [SingleTurn(prompt_ids[i], c) for c in group])
     return [g for g in groups if g is not None]
+
+
+def _call_record(task: Task, i: int, j: int, prompt_ids: list[int], c: Completion, share_s: float,
+                 batch_s: float, batch_size: int, trace_prefix: str, model: str) -> records.ObsRecord:
+    trace_id = f"{trace_prefix}-{task.domain}-{i}-{j}-{task.id}"
+    return records.model_call(trace_id, task.id, 0, provider="polyrl", request_model=model, response_model=model,
+                              input_tokens=len(prompt_ids), cached_tokens=c.num_cached_tokens,
+                              output_tokens=len(c.token_ids), duration_s=share_s, ttft_s=None,
+                              finish_reason=c.finish_reason, error_type=None, purpose="sample",
+                              extra={records.DOMAIN: task.domain, "x.call.batch_duration": batch_s,
+                                     "x.call.batch_size": batch_size, "x.weight_version": c.weight_version})
 
 
 def score_groups(groups: list[Group], verifiers: Mapping[str, Verifier], specs: Mapping[str, DomainSpec]) -> None:

@@ -42,7 +42,7 @@ import torch
 from polyrl.config import RunConfig
 from polyrl.models.hf_io import save_pretrained
 from polyrl.models.loading import load_policy, resolve_model_dir
-from polyrl.obs.store import ObsStore
+from polyrl.obs.records import PHASE, ObsRecord, Recorder, Tee, stamped
 from polyrl.pipeline.backend import start_roles
 from polyrl.pipeline.roles import EvalBatch, RolloutBatch, Ticket
 from polyrl.pipeline.staleness import staleness_stats
@@ -73,19 +73,20 @@ class TrainResult:
 
 
 def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, log: Callable[[str], None] = print,
-          stop_after: int | None = None) -> TrainResult:
+          stop_after: int | None = None, export: Recorder | None = None) -> TrainResult:
     """Run (or, with resume=True, continue) the run described by cfg in run_dir.
 
     stop_after ends the process after that many steps as if it had been killed: for tests
-    of resume, and for budgeting work across sessions. The engine, the verifiers and the
+    of resume, and for budgeting work across sessions. `export` (an OpenTelemetry recorder,
+    obs/otel.py) also receives every observability record the run commits, with its phase. The engine, the verifiers and the
     observability store are closed on every way out, errors included.
     """
     with ExitStack() as closing:
-        return _train(cfg, RunDir(run_dir), resume, log, stop_after, closing)
+        return _train(cfg, RunDir(run_dir), resume, log, stop_after, closing, export)
 
 
 def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None], stop_after: int | None,
-           closing: ExitStack) -> TrainResult:
+           closing: ExitStack, export: Recorder | None = None) -> TrainResult:
     state = rd.open(resume, None if resume else cfg.to_yaml())  # the lock; a resumed run's logs rolled back
     closing.callback(rd.close)
     for note in rd.notes:
@@ -105,10 +106,9 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
     heldout = {d: s.source.sample("heldout", cfg.eval.heldout_per_domain, seed=cfg.seed) for d, s in specs.items()}
     roles = start_roles(cfg, model_dir, heldout, rd.executions)
     closing.callback(roles.close)
-    obs = None
-    if any(spec.agent for spec in specs.values()):  # agent calls, tools, verdicts
-        obs = rd.obs_store()
-        closing.callback(obs.close)
+    store = rd.obs_store()  # every model call, agent tool calls and verdicts; training and evaluation apart
+    closing.callback(store.close)
+    obs = Tee(store, export)
     curriculum = build_curriculum(cfg, {d: s.weight for d, s in specs.items()})  # None: static weights
     kl = PerDomainKL({d: s.kl_coef for d, s in specs.items()}, {d: s.kl_target for d, s in specs.items()},
                      cfg.trainer.kl_horizon, rate=cfg.trainer.kl_rate)
@@ -123,7 +123,7 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
 
     def run_eval(step: int, line: int) -> dict:  # both roles idle, the engine holding the policy's weights
         scored = roles.reward.finish(roles.rollout.evaluate(step, line))
-        write_records(obs, scored.records)
+        write_records(obs, scored.records, "eval")
         return scored.results
 
     if state is None:
@@ -265,7 +265,8 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
         clock += now - mark - eval_seconds  # training time: held-out evaluation between steps excluded
         mark = now
         record["clock"] = round(clock, 3)
-        write_records(obs, batch.records + [r for ev in evals for r in ev.records])
+        write_records(obs, batch.records, "train")
+        write_records(obs, [r for ev in evals for r in ev.records], "eval")
         rd.append(rd.metrics, [record])
         rd.append(rd.trajectories, trajectory_records(step, groups))
         rd.append(rd.flags, flags)
@@ -332,9 +333,11 @@ def pipeline_metrics(K: int, batch: RolloutBatch, trainer_version: int, dropped_
             "idle_s": {k: round(v - idle0.get(k, 0.0), 4) for k, v in stream.idle.items()}}
 
 
-def write_records(obs: ObsStore | None, records: list) -> None:
+def write_records(obs: Recorder | None, records: list[ObsRecord], phase: str) -> None:
+    """Commit a step's observability records with their phase ("train" or "eval"); the store
+    tags them with the step in flight, so a resume at that step removes them."""
     if obs is not None:
-        for r in records:
+        for r in stamped(records, **{PHASE: phase}):
             obs.record(r)
 
 

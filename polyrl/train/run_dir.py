@@ -9,7 +9,8 @@
                            blobs/ holds the program text they share
       flags.jsonl          suspicious reward patterns (train/monitor.py); a quarantine
                            list that rl_tasks[].quarantine can name (domains/quarantine.py)
-      obs.sqlite           agent model calls, tool calls, budget events (`polyrl obs RUN_DIR`)
+      obs.sqlite           every model call of training and evaluation (x.phase), agent tool
+                           calls and budget events (`polyrl obs RUN_DIR`)
       eval/before.json     held-out evaluation of the base model
       eval/after.json      ... and of the trained one
       state/state.pt       latest training state: policy, optimizer, step, curriculum, clock
