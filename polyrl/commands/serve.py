@@ -12,6 +12,7 @@ else: standard); see polyrl/serve/ for the routes, tiers and weight updates. Ctr
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from polyrl.commands import at_least
@@ -34,6 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "20M parameters or more, where it pays, else none; draft needs --draft")
     p.add_argument("--draft", help="the fast tier's draft model directory (a smaller model, same tokenizer)")
     p.add_argument("--no-int8", action="store_true", help="the fast tier without int8 linear layers")
+    p.add_argument("--threads", type=at_least(1), default=max(1, (os.cpu_count() or 2) - 1),
+                   help="torch threads of the engines (default: the cores less one, which the HTTP side keeps; "
+                        "threads that compete with it for a core slow small-batch decoding several times)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -51,6 +55,8 @@ def main(args: argparse.Namespace) -> int:
     if args.speculative == "draft" and not args.draft:
         raise _UsageError("--speculative draft needs --draft DIR (a smaller model with the same tokenizer)")
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
+    import torch
+    torch.set_num_threads(args.threads)
     try:
         model, tokenizer, model_dir = load_served_model(args.model, args.dtype, log=log)
     except (FileNotFoundError, ValueError) as err:
