@@ -11,6 +11,8 @@ import polyrl.evals.session as session
 from polyrl.cli import main
 from polyrl.evals.models import ModelError, _local_dir
 from polyrl.models.loading import resolve_model_dir
+from polyrl.obs.records import DOMAIN, OUTPUT_TOKENS, PHASE
+from polyrl.obs.store import read_records
 
 TASK_KEYS = {"id", "model", "tag", "domain", "verifier", "agent", "line", "success", "reward", "status", "answer",
              "expected", "tokens_in", "tokens_out", "cached_tokens", "model_calls", "tool_calls", "tool_errors",
@@ -93,7 +95,26 @@ def test_out_dir_holds_the_document_and_the_trajectories(two_models):
     assert pen["steps"] and pen["messages"][0]["role"] == "system"  # the whole episode, every call
     long = next(x for x in lines if x["id"] == "long")
     assert long["rerun_trajectory"] is not None  # the attribution re-run is kept too
-    assert sorted(p.name for p in out.iterdir()) == ["results.json", "tasks.jsonl"]  # no temporary files left
+    assert sorted(p.name for p in out.iterdir()) == ["obs.sqlite", "results.json", "tasks.jsonl"]  # no temporaries
+
+
+def test_out_dir_holds_every_call_as_an_eval_record(two_models, capsys):
+    doc, out, tiny_dir = two_models
+    recs = list(read_records(out / "obs.sqlite"))
+    assert recs and {r.attributes[PHASE] for r in recs} == {"eval"}
+    episodes = [r for r in recs if r.kind == "episode" and not r.attributes.get("x.eval.rerun")]
+    assert sorted((r.attributes["x.eval.model"], r.task_id) for r in episodes) == \
+        sorted((t["model"], t["id"]) for t in doc["tasks"])
+    calls = [r for r in recs if r.kind == "model" and not r.attributes.get("x.eval.rerun")]
+    for model in ("builtin:tiny", tiny_dir):  # the document's token counts are the records' sums
+        figures = next(m for m in doc["models"] if m["model"] == model)
+        mine = [r for r in calls if r.attributes["x.eval.model"] == model]
+        assert len(mine) == figures["model_calls"]
+        assert sum(r.attributes[OUTPUT_TOKENS] for r in mine) == figures["tokens_out"]
+    assert {r.attributes[DOMAIN] for r in calls} == {"agent", "math", "code"}
+    assert any(r.kind == "tool" for r in recs)  # the agent task's tool calls
+    assert main(["obs", str(out), "--phase", "eval"]) == 0
+    assert "model calls" in capsys.readouterr().out
 
 
 def test_text_output_shows_the_table_tags_and_attribution(suite, capsys):

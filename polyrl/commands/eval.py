@@ -16,7 +16,8 @@ limit lifted (polyrl/evals/attribution.py).
 Output: a table per model (success rate with its 95% interval, tokens, latency, cost,
 results by tag, attribution) and the paired comparison of the candidates; with `--json`
 exactly one document on stdout (polyrl/evals/document.py). `-o DIR` writes DIR/results.json
-(that document) and DIR/tasks.jsonl (trajectories), only once every task has run. Progress
+(that document), DIR/tasks.jsonl (trajectories) and DIR/obs.sqlite (every model and tool
+call, phase "eval", for `polyrl obs DIR`), only once every task has run. Progress
 is a bar on stderr (`--quiet`: none).
 
 Exit status: 0 when it ran (whatever the models scored), 2 with one line on stderr when the
@@ -34,13 +35,15 @@ from pathlib import Path
 from typing import Any
 
 from polyrl.commands import at_least, non_negative_number, positive_number
+from polyrl.obs.records import ListRecorder
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("suite", help="the suite: a task pack (JSONL), e.g. from `polyrl suite example -o FILE`")
     p.add_argument("--model", action="append", required=True, metavar="MODEL",
                    help="builtin:tiny, a Hugging Face dir, a run dir, or openai:BASE_URL#MODEL (repeatable)")
-    p.add_argument("-o", "--out", metavar="DIR", help="write DIR/results.json and DIR/tasks.jsonl")
+    p.add_argument("-o", "--out", metavar="DIR",
+                   help="write DIR/results.json, DIR/tasks.jsonl and the per-call records DIR/obs.sqlite")
     p.add_argument("--json", action="store_true", help="print the results document instead of the tables")
     p.add_argument("--prices", metavar="FILE", help="price card (YAML/JSON, per million tokens); default: all 0")
     p.add_argument("--id", action="append", default=[], help="only this task id (repeatable)")
@@ -83,21 +86,35 @@ def main(args: argparse.Namespace) -> int:
     suite = load_suite(args.suite, limits).select(args.id or None, args.tag or None, args.limit)
     prices = load_price_card(args.prices)
     adapters = [load_model(spec, args.temperature, args.seed) for spec in args.model]
+    calls = ListRecorder()  # written with the results, so that a broken run leaves nothing
     try:
-        records = run_eval(suite, adapters, limits, _progress_bar(args.quiet))
+        records = run_eval(suite, adapters, limits, _progress_bar(args.quiet), calls)
     finally:
         for adapter in adapters:
             adapter.close()
     doc = build_document(suite, adapters, limits, records, prices)
     if args.out:
         write_outputs(args.out, doc, trajectories(records))
+        _write_calls(Path(args.out), calls)
     if args.json:
         print(json.dumps(doc, default=str))
     else:
         print(format_text(doc))
         if args.out:
-            print(f"wrote {args.out}/results.json and {args.out}/tasks.jsonl")
+            print(f"wrote {args.out}/results.json, {args.out}/tasks.jsonl and {args.out}/obs.sqlite "
+                  f"(per-call records: polyrl obs {args.out})")
     return 0
+
+
+def _write_calls(out: Path, calls: ListRecorder) -> None:
+    """DIR/obs.sqlite with this evaluation's records only (an earlier one's is replaced)."""
+    from polyrl.obs.store import ObsStore, store_path
+
+    path = store_path(out)
+    path.unlink(missing_ok=True)
+    with ObsStore(path) as store:
+        for rec in calls.records:
+            store.record(rec)
 
 
 def _progress_bar(quiet: bool):

@@ -12,6 +12,10 @@
   stop reason "context_overflow" and is graded on an empty completion. A prompt that fits
   only with fewer completion tokens gets max_tokens clamped to the room left (`clamped`).
 
+With a recorder, each task leaves per-call records (polyrl/obs) as training's rollouts
+do: the agent loop's model, tool, budget and context records, or one model-call record for
+a single call, then one episode record with the verdict.
+
 Everything that can go wrong is a value of the TaskRun: a model call that raises (a KV
 pool too small for an unlimited window, a dropped connection) is a failed reply with
 stop reason "model_error"; a verifier that raises scores 0 with status "verifier_error".
@@ -37,6 +41,8 @@ from polyrl.agent.tools import ToolBox
 from polyrl.evals.limits import EvalLimits
 from polyrl.evals.models import ModelAdapter
 from polyrl.evals.suite import SuiteTask
+from polyrl.obs import records
+from polyrl.obs.records import Recorder
 from polyrl.rewards.base import Verifier
 from polyrl.rewards.registry import get_verifier
 from polyrl.types import Score
@@ -128,17 +134,22 @@ def resolve_window(limits: EvalLimits, adapter: ModelAdapter) -> int | None:
 
 
 def run_task(suite_task: SuiteTask, adapter: ModelAdapter, limits: EvalLimits, verifiers: Verifiers,
-             trace_id: str = "eval") -> TaskRun:
+             trace_id: str = "eval", recorder: Recorder | None = None) -> TaskRun:
     """Run and grade one task on one model; see the module docstring."""
     window = resolve_window(limits, adapter)
     model = adapter.chat_model(window)
     start = time.perf_counter()
     if suite_task.is_agent:
-        run = _run_agent(suite_task, model, adapter.spec, limits, verifiers, trace_id)
+        run = _run_agent(suite_task, model, adapter.spec, limits, verifiers, trace_id, recorder)
     else:
-        run = _run_single(suite_task, model, adapter.spec, limits, verifiers)
+        run = _run_single(suite_task, model, adapter.spec, limits, verifiers, trace_id, recorder)
     run.latency_s = time.perf_counter() - start
     run.window = window
+    if recorder is not None:
+        recorder.record(records.episode(
+            trace_id, suite_task.task.id, success=run.success, reward=run.score.value, stop_reason=run.stop_reason,
+            steps=run.model_calls, input_tokens=run.input_tokens, output_tokens=run.output_tokens,
+            cached_tokens=run.cached_tokens))
     return run
 
 
@@ -157,7 +168,7 @@ def _grade(suite_task: SuiteTask, verifiers: Verifiers, response: str | EpisodeO
 
 
 def _run_single(suite_task: SuiteTask, model: ChatModel, spec: str, limits: EvalLimits,
-                verifiers: Verifiers) -> TaskRun:
+                verifiers: Verifiers, trace_id: str, recorder: Recorder | None) -> TaskRun:
     messages = [{"role": "user", "content": suite_task.task.prompt + limits.prompt_suffix}]
     prompt_tokens = model.count_tokens(messages, NO_TOOLS)
     max_tokens, clamped = limits.max_tokens, False
@@ -171,6 +182,12 @@ def _run_single(suite_task: SuiteTask, model: ChatModel, spec: str, limits: Eval
     reply = _complete(model, ModelRequest(messages, NO_TOOLS, max_tokens))
     score, success = _grade(suite_task, verifiers, reply.text)
     usage = reply.usage
+    if recorder is not None:
+        recorder.record(records.model_call(
+            trace_id, suite_task.task.id, 0, provider=model.provider, request_model=model.name,
+            response_model=reply.model, input_tokens=usage.input_tokens, cached_tokens=usage.cached_tokens,
+            output_tokens=usage.output_tokens, duration_s=reply.duration_s, ttft_s=reply.ttft_s,
+            finish_reason=reply.finish_reason, error_type=reply.error))
     return TaskRun(
         suite_task, spec, limits, score, success, score.details.get("extracted"), reply.finish_reason,
         usage.input_tokens, usage.output_tokens, usage.cached_tokens, model_calls=1,
@@ -182,7 +199,7 @@ def _run_single(suite_task: SuiteTask, model: ChatModel, spec: str, limits: Eval
 
 
 def _run_agent(suite_task: SuiteTask, model: ChatModel, spec: str, limits: EvalLimits, verifiers: Verifiers,
-               trace_id: str) -> TaskRun:
+               trace_id: str, recorder: Recorder | None) -> TaskRun:
     from polyrl.domains.agent import AgentDomain
 
     task = suite_task.task
@@ -192,7 +209,7 @@ def _run_agent(suite_task: SuiteTask, model: ChatModel, spec: str, limits: EvalL
                          conclusion_tokens=limits.conclusion_tokens)
     budget = TokenBudget(limits.budget)
     episode = agent_episode(task.prompt + limits.prompt_suffix, AgentDomain.toolbox(task), [ModelSlot(model)],
-                            config, budget, None, trace_id, task.id)
+                            config, budget, recorder, trace_id, task.id)
     try:
         request = next(episode)
         while True:
