@@ -49,3 +49,27 @@ def random_model_dir(tmp: Path, seed: int = 0) -> Path:
     model = tiny_model(tok.vocab_size, seed=seed)
     save_pretrained(model, model.cfg, tmp)
     return tmp
+
+
+SMALL_RECIPE = dict(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=192, steps=150,
+                    batch_size=32, warmup=10)
+"""A trained model of the built-in family small enough to build in about 10 s: what tests that
+need a model with real preferences (not a random one) use instead of the full builtin:tiny,
+whose build takes minutes on a machine with an empty cache."""
+
+
+def small_trained_model_dir(cache: Path) -> Path:
+    """The small recipe's model, built once into `cache` (a test's own cache directory)."""
+    import os
+
+    from polyrl.builtin.tiny import TinyRecipe, ensure_tiny_model
+
+    old = os.environ.get("POLYRL_CACHE")
+    os.environ["POLYRL_CACHE"] = str(cache)
+    try:
+        return ensure_tiny_model(TinyRecipe(**SMALL_RECIPE), log=lambda *_: None)
+    finally:
+        if old is None:
+            os.environ.pop("POLYRL_CACHE")
+        else:
+            os.environ["POLYRL_CACHE"] = old

@@ -16,7 +16,7 @@ from polyrl.engine.runner import cpu_kernels
 from polyrl.engine.runner.decode_backend import FusedDecode
 from polyrl.engine.runner.fused_decode import FusedDecoder
 from polyrl.engine.runner.int8_linear import Int8Linear, Int8Weight, int8_scheme, quantize_linears, quantize_weight
-from tests.helpers import tiny_tokenizer
+from tests.helpers import small_trained_model_dir, tiny_tokenizer
 from tests.test_engine_fused import SHAPES, empty_cache, random_model
 
 SCHEMES = ["w8a8", "w8"]
@@ -145,11 +145,12 @@ def test_int8_needs_the_paged_engine_and_a_float32_cpu_model():
 
 
 @pytest.fixture(scope="module")
-def builtin():
-    from polyrl.models.loading import load_policy, resolve_model_dir
+def trained(tmp_path_factory):
+    """A trained model of the built-in family (the small test recipe: a random model would have
+    near-ties everywhere, and the full builtin:tiny takes minutes to build on a clean machine)."""
+    from polyrl.models.loading import load_policy
 
-    model_dir = resolve_model_dir("builtin:tiny", log=lambda *_: None)
-    return load_policy(model_dir, "float32")
+    return load_policy(small_trained_model_dir(tmp_path_factory.mktemp("cache")), "float32")
 
 
 PROMPTS = ["What is 4 + 3?", "Solve for x: 3x + 4 = 19.", "What is 47 + 38?", "Compute 12 * 11.",
@@ -158,13 +159,13 @@ MARGIN = 0.5
 """Float logit gap (nats) within which a greedy divergence counts as a near-tie."""
 
 
-def test_int8_greedy_on_the_builtin_model_diverges_only_at_near_ties(lib, builtin):
+def test_int8_greedy_on_a_trained_model_diverges_only_at_near_ties(lib, trained):
     """Greedy decoding amplifies any difference after a near-tie, so "identical tokens"
     would test luck, not quality. The behavioural check: wherever the int8 engine first
     departs from the float engine, the float model itself ranked the two tokens within
     MARGIN (it was nearly undecided there), i.e. int8 never overrules a clear choice. The
     fraction of identical outputs is reported and held to a loose floor."""
-    model, tok = builtin
+    model, tok = trained
     prompts = [tok.encode(tok.chat_prompt(p)) for p in PROMPTS]
     greedy = SamplingParams(temperature=0, max_tokens=32)
     outs = {}
