@@ -186,6 +186,8 @@ def heldout_scores(model, tok, draft, args) -> None:
     rows = {}
     try:
         for v, fields in variants("tiny").items():
+            if args.variants and v not in args.variants.split(","):
+                continue
             if fields is None:
                 print(f"{v:<11} n/a: NativeEngineConfig has no quantization field")
                 continue
@@ -232,6 +234,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-speed", action="store_true", help="only the held-out scores")
     ap.add_argument("--workdir", default="/tmp/polyrl-bench")
+    ap.add_argument("--variants", default="", help="comma-separated variants to run (default: all), e.g. standard,int8")
     args = ap.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
     torch.set_num_threads(args.threads)
