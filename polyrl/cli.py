@@ -12,6 +12,7 @@
   polyrl eval SUITE --model A [--model B ...] [-o DIR] [--json]            compare models on a suite, failures attributed
   polyrl suite example -o FILE              write an example suite of 104 business-shaped tagged tasks
   polyrl serve [MODEL] [--host H] [--port P] [--tiers standard,fast]        OpenAI-compatible server
+  polyrl context extend MODEL -o DIR --factor F | eval --model M [--lengths ...]   longer windows, measured
 
 One error path for every command (`run_command`): a user's mistake prints one line to stderr
 and exits 2 (argparse errors too, and any exception whose class sets `exit_code`, such as
@@ -45,6 +46,7 @@ COMMANDS = {
     "eval": "compare models on a task suite, each failure attributed",
     "suite": "write an example evaluation suite",
     "serve": "serve a model over an OpenAI-compatible API, standard and fast tiers",
+    "context": "extend a model's context window, and measure its effective length",
 }
 
 

@@ -19,6 +19,10 @@ Kinds (after RULER and BABILong):
 - code_calls: the same kind of file; which function calls a given one (at levels 3-4,
   which calls the function that calls it).
 
+A retrieval control, `needle` (RULER's single needle: one access code in plain filler, no
+near-duplicate keys), is not drawn by default; name it in `kinds` (the long-context
+evaluation, polyrl/evals/context_sweep.py, runs it beside the kinds above).
+
 Every answer is an integer, graded by `answer_verify` (boxed). Difficulty levels raise
 hops, distractors, facts and counts, and the default length (LEVEL_TOKENS); the
 `tokens` option sets one length for every level (a length sweep). Which split a task
@@ -43,6 +47,8 @@ from polyrl.types import Task
 
 LEVELS = (1, 2, 3, 4)
 KINDS = ("variable_tracking", "multikey_retrieval", "consistency", "aggregation", "code_returns", "code_calls")
+CONTROLS = ("needle",)
+"""Kinds drawn only when named: plain retrieval, the control of a length sweep."""
 LEVEL_TOKENS = {1: 512, 2: 1024, 3: 2048, 4: 4096}
 """Default prompt length of each level, in the tokenizer's tokens."""
 MIN_TOKENS = 128
@@ -104,8 +110,8 @@ class LongContextDomain:
         of every task (default LEVEL_TOKENS by level), `tokenizer`: the model's own (an object
         with `encode`, or a model directory / builtin:NAME whose tokenizer is loaded on first use)."""
         self.levels, self.weights = check_levels("longctx", levels, LEVELS, weights)
-        self.kinds, _ = check_levels("longctx", (kinds,) if isinstance(kinds, str) else tuple(kinds), KINDS,
-                                     noun="kinds")
+        self.kinds, _ = check_levels("longctx", (kinds,) if isinstance(kinds, str) else tuple(kinds),
+                                     KINDS + CONTROLS, noun="kinds")
         if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < MIN_TOKENS):
             raise ValueError(f"longctx tokens must be an integer >= {MIN_TOKENS} (prompt length in tokens), got {tokens!r}")
         if not isinstance(tokenizer, str) and not callable(getattr(tokenizer, "encode", None)):
@@ -375,7 +381,15 @@ def code_calls(rng: random.Random, level: int) -> Core:
     return Core("code_calls", tuple(defs), question, ids[0], False, True, _code_filler(set(ids)))
 
 
+def needle(rng: random.Random, level: int) -> Core:
+    """The retrieval control: one access code among filler sentences (the same at every level)."""
+    key = f"{rng.choice(_ADJ)}-{rng.choice(_ANIMALS)}-{rng.randint(10, 98)}"
+    code = rng.randint(1_000_000, 9_999_999)
+    return Core("needle", (f"The access code of {key} is {code}.",), f"What is the access code of {key}?", code,
+                False, False, _sentence)
+
+
 _GENERATORS: dict[str, Callable[[random.Random, int], Core]] = {
     "variable_tracking": variable_tracking, "multikey_retrieval": multikey_retrieval, "consistency": consistency,
-    "aggregation": aggregation, "code_returns": code_returns, "code_calls": code_calls,
+    "aggregation": aggregation, "code_returns": code_returns, "code_calls": code_calls, "needle": needle,
 }
