@@ -9,6 +9,7 @@ import hashlib
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from polyrl.agent.tools import ToolBox
 from polyrl.config import RLTask, RunConfig
 from polyrl.domains.base import Domain
 from polyrl.engine.base import SamplingParams
@@ -37,6 +38,10 @@ class Domains:
     def close(self) -> None:
         for v in self.verifiers.values():
             v.close()
+        for spec in self.specs.values():  # a domain whose tools hold a sandbox pool (swe)
+            owner = getattr(spec.agent.toolbox_for, "__self__", None) if spec.agent else None
+            for part in (spec.source, owner):
+                getattr(part, "close", lambda: None)()
 
 
 def build_domains(cfg: RunConfig, execution_log: ExecutionLog | None = None, verifiers: bool = True) -> Domains:
@@ -54,7 +59,7 @@ def build_domains(cfg: RunConfig, execution_log: ExecutionLog | None = None, ver
         if check:
             options.setdefault(check, (check, {}))
         options.update((n, (n, {})) for n in named if n not in options)
-        toolbox = getattr(domain, "toolbox", None)  # a domain with tools rolls out as episodes
+        toolbox = getattr(domain, "toolbox", None) or _pack_toolbox(domain)  # tools: rolls out as episodes
         max_tokens = t.max_tokens or cfg.engine.max_tokens
         sampling = SamplingParams(temperature=cfg.engine.temperature, top_p=cfg.engine.top_p,
                                   top_k=cfg.engine.top_k, max_tokens=max_tokens)
@@ -92,6 +97,16 @@ def _source(t: RLTask) -> tuple[Domain, set[str]]:
     if t.quarantine:
         tasks = drop_quarantined(tasks, t.quarantine)
     return PackDomain(t.domain, tasks, default), {task.verifier for task in tasks if task.verifier}
+
+
+def _pack_toolbox(domain: Domain) -> Callable[[Task], ToolBox] | None:
+    """The tools of a pack's tasks: a pack graded by swe_patch holds swe tasks, each carrying
+    the repository its tools work on (other packs roll out single-turn)."""
+    if getattr(domain, "default_verifier", None) != "swe_patch":
+        return None
+    from polyrl.domains.swe import SweDomain
+
+    return SweDomain().toolbox
 
 
 def draw_tasks(specs: dict[str, DomainSpec], counts: dict[str, int], seed: int, step: int) -> list[Task]:
