@@ -76,10 +76,11 @@ print("%d passed, %d failed" % (passed, len(failed)))
 class Workspace:
     """A task's repository as the model changes it."""
 
-    def __init__(self, files: dict[str, str], backend: SandboxBackend) -> None:
+    def __init__(self, files: dict[str, str], backend: SandboxBackend, run_timeout_s: float = RUN_TIMEOUT_S) -> None:
         self.start = dict(files)
         self.files = dict(files)
         self.backend = backend
+        self.run_timeout_s = run_timeout_s
 
     def list_files(self) -> str:
         return "\n".join(f"{path} ({len(text.splitlines())} lines)" for path, text in sorted(self.files.items()))
@@ -138,7 +139,7 @@ class Workspace:
         return make_diff(self.start, self.files) or "no changes yet"
 
     def run_tests(self, only: str = "") -> str:
-        request = RunRequest(code=RUNNER, stdin=only, files=self.files, run_timeout=RUN_TIMEOUT_S,
+        request = RunRequest(code=RUNNER, stdin=only, files=self.files, run_timeout=self.run_timeout_s,
                              limits=Limits(stdout_max_bytes=64 << 10))
         result = self.backend.run(request)
         output = (result.stdout + ("\n" + result.stderr if result.stderr.strip() else "")).strip()
@@ -159,7 +160,11 @@ def workspace_toolbox(task: Task, backend: SandboxBackend) -> ToolBox:
     """The tools of one episode, over a fresh working copy of `task`'s repository."""
     if "files" not in task.data:
         raise ValueError(f"task {task.id!r} has no 'files'; swe tasks carry the repository their tools work on")
-    ws = Workspace(task.data["files"], backend)
+    return toolbox_over(Workspace(task.data["files"], backend))
+
+
+def toolbox_over(ws: Workspace) -> ToolBox:
+    """The tools over working copy `ws`."""
     return ToolBox([
         Tool("list_files", "List the repository's files.", _schema([]), ws.list_files),
         Tool("read_file", "Read a file's lines start..end (1-based; end 0 = to the end).",
