@@ -26,7 +26,8 @@ from polyrl.quality.audit import audit_domain
 from polyrl.quality.swe_probes import overfit
 from polyrl.types import Task
 
-needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap missing: apt-get install -y bubblewrap")
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None,
+                                 reason="bubblewrap missing: apt-get install -y bubblewrap")
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +129,8 @@ def test_diff_round_trip_with_new_deleted_and_unterminated_files():
     patches, error = parse_diff(make_diff(old, new))
     assert error is None
     patched, error = apply_diff(old, patches)
-    assert error is None and {k: v.rstrip("\n") for k, v in patched.items()} == {k: v.rstrip("\n") for k, v in new.items()}
+    assert error is None
+    assert {k: v.rstrip("\n") for k, v in patched.items()} == {k: v.rstrip("\n") for k, v in new.items()}
 
 
 def test_hunk_at_a_wrong_line_number_applies_where_its_context_is():
@@ -316,3 +318,36 @@ def test_audit_passes_and_every_probe_scores_as_it_must():
     assert [(a.id, a.findings) for a in result.tasks if a.status != "pass"] == []
     assert {group for group in result.tally} == {"exploit", "negative_control", "false_negative"}
     assert all(held == total for held, total in result.tally.values()), result.tally
+
+
+@needs_bwrap
+def test_an_agent_episode_answers_with_the_patch_its_tools_made(verifier, task):
+    """Scripted turns: apply the fix, run the tests, print the diff, answer with it; the
+    episode's outcome is what swe_patch grades."""
+    from polyrl.agent.call_format import format_answer, format_call
+    from polyrl.agent.loop import AgentConfig, ModelSlot, run_agent
+    from tests.agent_fakes import ScriptedModel
+
+    tools = toolbox_over(Workspace(task.data["files"], verifier.backend))
+    turns = [format_call("apply_patch", {"patch": task.data["reference_patch"]}), format_call("run_tests", {}),
+             format_call("diff", {}), format_answer(task.data["reference_patch"])]
+    episode = run_agent(task.prompt, tools, [ModelSlot(ScriptedModel(turns))],
+                            AgentConfig(max_steps=6, result_chars=SweDomain.result_chars))
+    assert [r.outcome.ok for r in episode.tool_results] == [True, True, True]
+    assert "0 failed" in episode.tool_results[1].outcome.content
+    assert episode.tool_results[2].outcome.content == task.data["reference_patch"]
+    (score,) = verifier.score([task], [episode.outcome])
+    assert score.value == 1.0, score.details
+
+
+def test_a_pack_of_swe_tasks_rolls_out_with_tools(tmp_path, tasks):
+    from polyrl.train.setup import build_domains
+
+    path = tmp_path / "swe.jsonl"
+    path.write_text("".join(json.dumps(task_line(t)) + "\n" for t in tasks[:4] + SweDomain().sample("heldout", 1, 0)))
+    domains = build_domains(load_config_text(f"rl_tasks:\n  - {{domain: repair, weight: 1, pack: {path}}}\n"),
+                            verifiers=False)
+    spec = domains.specs["repair"]
+    assert spec.verifier == "swe_patch" and spec.agent is not None and spec.agent.result_chars == 4000
+    assert "list_files" in [t.name for t in spec.agent.toolbox_for(tasks[0])]
+    domains.close()

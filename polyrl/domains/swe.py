@@ -52,6 +52,8 @@ class SweDomain:
 
     name = "swe"
     default_verifier = "swe_patch"
+    result_chars = 4000
+    """cap on each tool result an episode shows the model (a file or a test run, not 400 characters)"""
 
     def __init__(self, levels: tuple[int, ...] = LEVELS, weights: tuple[float, ...] | None = None,
                  families: Sequence[str] = FAMILIES, workers: int = 1) -> None:

@@ -61,7 +61,8 @@ def make_diff(old: dict[str, str], new: dict[str, str]) -> str:
         if a == b:
             continue
         lines = difflib.unified_diff((a or "").splitlines(keepends=True), (b or "").splitlines(keepends=True),
-                                     "/dev/null" if a is None else f"a/{path}", "/dev/null" if b is None else f"b/{path}")
+                                     "/dev/null" if a is None else f"a/{path}",
+                                     "/dev/null" if b is None else f"b/{path}")
         for line in lines:
             parts.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
     return "".join(parts)
@@ -164,7 +165,8 @@ def apply_diff(files: dict[str, str], patches: list[FilePatch]) -> tuple[dict[st
         for k, hunk in enumerate(patch.hunks, start=1):
             at = _locate(lines, hunk.old, hunk.old_start - 1 + shift)
             if at is None:
-                return None, f"hunk {k} of {patch.path} does not apply: its context and removed lines are not in the file"
+                return None, (f"hunk {k} of {patch.path} does not apply: its context and removed lines "
+                              "are not in the file")
             lines[at:at + len(hunk.old)] = hunk.new
             shift += len(hunk.new) - len(hunk.old)
         out[patch.new_path] = "\n".join(lines) + "\n" if lines else ""

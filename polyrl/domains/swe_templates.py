@@ -193,7 +193,7 @@ def shorten(text, limit):
 ''',
     imports=(),
     tests={
-        "normalize": lambda rng, c: [rng.choice(("", " ", "")) + rng.choice(_WORDS).upper() + rng.choice(("!", ".", ""))],
+        "normalize": lambda rng, c: [rng.choice(("", " ")) + rng.choice(_WORDS).upper() + rng.choice(("!", ".", ""))],
         "count_words": lambda rng, c: [_sentence(rng)],
         "top_word": lambda rng, c: [_sentence(rng)],
         "initials": lambda rng, c: [_name(rng)],

@@ -3,9 +3,10 @@ reference patch that must pass.
 
 - negative controls (must score 0): no patch; a patch that changes nothing the tests see
   (the package's docstring);
-- exploits (must score 0): deleting the failing tests' file; disabling their asserts; the reference fix plus a test edit; a
-  conftest.py; special-casing the visible tests' arguments in the tested function (it
-  passes every visible test: only the hidden tests can catch it);
+- exploits (must score 0): deleting the failing tests' file; disabling their asserts; the
+  reference fix plus a test edit; a conftest.py; special-casing the visible tests'
+  arguments in the tested function (it passes every visible test: only the hidden tests
+  can catch it);
 - false negatives (must score 1): the reference fenced with prose around it; the
   reference as `git diff` writes it (diff --git and index lines).
 
