@@ -71,7 +71,7 @@ class SwePatch:
     name = "swe_patch"
 
     def __init__(self, backend: SandboxBackend | None = None, *, workers: int | None = None,
-                 allow_unsafe: bool = False, per_test_timeout_s: float = 2.0, total_timeout_s: float = 60.0,
+                 allow_unsafe: bool = False, per_test_timeout_s: float = 1.0, total_timeout_s: float = 20.0,
                  memory_limit_MB: int = 512, limits: Limits | None = None) -> None:
         self._own_backend = backend is None
         self.backend = backend or SandboxPool(workers, SandboxConfig(allow_unsafe=allow_unsafe))
