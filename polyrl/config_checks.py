@@ -22,13 +22,15 @@ _GRADES = {
     "unit_test_pass": ("code", "humaneval"),
     "success_minus_cost": ("agent",),
     "rule_check": ("alignment",),
+    "swe_patch": ("swe",),
     "preference_model": ("alignment", "math", "code", "humaneval"),
 }
 """Built-in verifier -> the built-in domains whose tasks it grades (what each reads of a task is
 in its module's docstring; agent episodes only success_minus_cost scores). Verifiers not listed
 (a plugin, a test's) are not checked."""
 _DEFAULT_REWARD = {"math": "answer_verify", "code": "unit_test_pass", "humaneval": "unit_test_pass",
-                   "agent": "success_minus_cost", "alignment": "preference_model", "longctx": "answer_verify"}
+                   "agent": "success_minus_cost", "alignment": "preference_model", "longctx": "answer_verify",
+                   "swe": "swe_patch"}
 """Each built-in domain's default verifier (its class's default_verifier), for checking reward_options."""
 
 

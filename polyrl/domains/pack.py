@@ -33,7 +33,7 @@ from polyrl.types import Task
 
 SPLITS = ("train", "heldout")
 HELDOUT_ONE_IN = 5
-DEFAULT_VERIFIERS = {"math": "answer_verify", "code": "unit_test_pass", "longctx": "answer_verify"}
+DEFAULT_VERIFIERS = {"math": "answer_verify", "code": "unit_test_pass", "longctx": "answer_verify", "swe": "swe_patch"}
 """Verifier of each domain with a known line shape; other domains name theirs per line."""
 
 _COMMON_FIELDS = {"id", "domain", "prompt", "answer", "verifier", "metadata", "split", "difficulty"}
@@ -228,6 +228,9 @@ def verifier_misfit(task: Task, verifier: str) -> str | None:
         return "unit_test_pass grades code tasks (entry_point with tests or test); this task has none"
     if verifier in ("answer_verify", "success_minus_cost") and task.answer is None:
         return f"{verifier} compares against the task's answer; this task has none"
+    if verifier == "swe_patch" and not all(k in task.data for k in ("package", "files", "visible_tests",
+                                                                     "hidden_tests")):
+        return "swe_patch grades swe tasks (package, files, visible_tests, hidden_tests); this task has none"
     if verifier == "rule_check" and not ("intent" in task.data and "entities" in task.data):
         return "rule_check grades alignment tasks (intent and entities); this task has neither"
     return None

@@ -17,6 +17,7 @@ _DOMAINS: dict[str, str] = {
     "agent": "polyrl.domains.agent:AgentDomain",
     "alignment": "polyrl.domains.alignment:AlignmentDomain",
     "longctx": "polyrl.domains.longctx:LongContextDomain",
+    "swe": "polyrl.domains.swe:SweDomain",
 }
 
 

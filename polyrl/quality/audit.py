@@ -3,7 +3,7 @@
 1. hygiene (hygiene.py; math golds through math-verify, math_probes.gold_problems);
 2. solvability: the reference (code) or the boxed gold (math) must score full reward;
 3. probes: negative controls, mutants, exploits, equivalent rewrites and the echoed
-   prompt (code_probes.py, math_probes.py), all tasks' probes in one batch per verifier;
+   prompt (code_probes.py, math_probes.py; swe patches: swe_probes.py), all tasks' probes in one batch per verifier;
 4. determinism: the reference (math: and its equivalent forms) scored again `repeats`
    times by fresh verifiers; any disagreement in reward, status or per-test verdict fails;
 5. difficulty, with a policy: k samples per task, pass@1 and pass@k, tasks always or
@@ -33,10 +33,11 @@ from polyrl.quality.math_probes import gold_problems, math_probes, reference_pro
 from polyrl.quality.policy import Policy, pass_at_k
 from polyrl.quality.probes import Probe, findings_for, holds, why
 from polyrl.quality.scoring import Progress, Scorer, stderr_progress
+from polyrl.quality.swe_probes import swe_probes
 from polyrl.rewards.registry import available_verifiers
 from polyrl.types import Score, Task
 
-PROBED = ("unit_test_pass", "answer_verify")
+PROBED = ("unit_test_pass", "answer_verify", "swe_patch")
 _UNGRADABLE = ("tests_compile", "empty_tests", "unparsable_answer")
 
 
@@ -163,6 +164,9 @@ def _plans(scorer: Scorer, tasks: list[Task], audits: list[TaskAudit], names: li
 def _reference(task: Task, name: str) -> Probe | None:
     if name == "answer_verify":
         return reference_probe(task)
+    if name == "swe_patch":
+        reference = task.data.get("reference_patch")
+        return Probe("solvability", "the reference patch", reference, "full") if isinstance(reference, str) else None
     reference = task.data.get("reference")
     return Probe("solvability", "the reference solution", reference, "full") if isinstance(reference, str) else None
 
@@ -193,6 +197,8 @@ def _probes(scorer, tasks, audits, names, usable, plans, refs, result: AuditResu
         if names[i] == "unit_test_pass":
             ok = i in refs and refs[i][1].value >= 1.0
             per_task[i] = code_probes(tasks[i], plans.get(i), ok, options.mutants_per_kind)
+        elif names[i] == "swe_patch":
+            per_task[i] = swe_probes(tasks[i])
         else:
             per_task[i] = math_probes(tasks[i])
     items = [(i, p) for i, ps in per_task.items() for p in ps]

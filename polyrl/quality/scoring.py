@@ -63,6 +63,8 @@ class Scorer:
             timeout = self.quick_timeout_s if kind == "quick" else self.per_test_timeout_s
             verifier: Verifier = UnitTestPass(self._pool, per_test_timeout_s=timeout,
                                               total_timeout_s=max(10 * timeout, 5.0))
+        elif name == "swe_patch":
+            verifier = get_verifier(name, workers=self.workers)
         elif name == "answer_verify":
             verifier = get_verifier(name, workers=max(1, min(self.workers or 2, 4)))
         else:

@@ -15,6 +15,7 @@ _VERIFIERS: dict[str, str] = {
     "success_minus_cost": "polyrl.rewards.success_minus_cost:SuccessMinusCost",
     "preference_model": "polyrl.rewards.preference_model:PreferenceModel",
     "rule_check": "polyrl.rewards.alignment_rules:AlignmentRules",
+    "swe_patch": "polyrl.rewards.swe_patch:SwePatch",
 }
 
 

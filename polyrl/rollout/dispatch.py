@@ -57,7 +57,8 @@ class Rollout:
         for domain, domain_tasks in by_domain.items():
             agent = self.specs[domain].agent
             assert agent is not None
-            config = AgentConfig(max_steps=agent.max_steps, max_tokens=params[domain].max_tokens)
+            config = AgentConfig(max_steps=agent.max_steps, max_tokens=params[domain].max_tokens,
+                                 result_chars=agent.result_chars)
             recorder = None if self.recorder is None else records.Stamp(self.recorder, **{records.DOMAIN: domain})
             episodes = rollout_episodes(self.engine, self.tokenizer, domain_tasks, group_size, params[domain],
                                         agent.toolbox_for, config, context_window=self.context_window,

@@ -26,6 +26,8 @@ class AgentSpec:
     """fresh tools for one episode of a task"""
     max_steps: int
     """model calls an episode may make before it must answer"""
+    result_chars: int | None = 400
+    """cap on each tool result shown to the model (AgentConfig.result_chars); None = no cap"""
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Any, Callable
 
 from polyrl.config import RLTask, RunConfig
 from polyrl.domains.base import Domain
@@ -37,6 +37,10 @@ class Domains:
     def close(self) -> None:
         for v in self.verifiers.values():
             v.close()
+        for spec in self.specs.values():  # a domain whose tools hold a sandbox pool (swe)
+            owner = getattr(spec.agent.toolbox_for, "__self__", None) if spec.agent else None
+            for part in (spec.source, owner):
+                getattr(part, "close", lambda: None)()
 
 
 def build_domains(cfg: RunConfig, execution_log: ExecutionLog | None = None, verifiers: bool = True) -> Domains:
@@ -54,7 +58,7 @@ def build_domains(cfg: RunConfig, execution_log: ExecutionLog | None = None, ver
         if check:
             options.setdefault(check, (check, {}))
         options.update((n, (n, {})) for n in named if n not in options)
-        toolbox = getattr(domain, "toolbox", None)  # a domain with tools rolls out as episodes
+        tools = domain if hasattr(domain, "toolbox") else _pack_tools(domain)  # tools: rolls out as episodes
         max_tokens = t.max_tokens or cfg.engine.max_tokens
         sampling = SamplingParams(temperature=cfg.engine.temperature, top_p=cfg.engine.top_p,
                                   top_k=cfg.engine.top_k, max_tokens=max_tokens)
@@ -62,7 +66,8 @@ def build_domains(cfg: RunConfig, execution_log: ExecutionLog | None = None, ver
             name=t.domain, source=domain, weight=t.weight, verifier=key, check=check or None, sampling=sampling,
             eval_sampling=replace(sampling, max_tokens=cfg.eval.max_tokens or max_tokens),
             kl_coef=cfg.trainer.kl_coef if t.kl_coef is None else t.kl_coef, kl_target=t.kl_target,
-            agent=AgentSpec(toolbox, t.max_steps) if toolbox is not None else None)
+            agent=AgentSpec(tools.toolbox, t.max_steps, getattr(tools, "result_chars", 400))
+            if tools is not None else None)
     if not verifiers:
         return Domains(specs, {})
     return Domains(specs, {key: _verifier(name, opts, execution_log) for key, (name, opts) in sorted(options.items())})
@@ -92,6 +97,16 @@ def _source(t: RLTask) -> tuple[Domain, set[str]]:
     if t.quarantine:
         tasks = drop_quarantined(tasks, t.quarantine)
     return PackDomain(t.domain, tasks, default), {task.verifier for task in tasks if task.verifier}
+
+
+def _pack_tools(domain: Domain) -> Any:
+    """What gives a pack's tasks their tools: a pack graded by swe_patch holds swe tasks, each
+    carrying the repository its tools work on; None for other packs (they roll out single-turn)."""
+    if getattr(domain, "default_verifier", None) != "swe_patch":
+        return None
+    from polyrl.domains.swe import SweDomain
+
+    return SweDomain()
 
 
 def draw_tasks(specs: dict[str, DomainSpec], counts: dict[str, int], seed: int, step: int) -> list[Task]:
