@@ -34,6 +34,8 @@ _DEFAULT_REWARD = {"math": "answer_verify", "code": "unit_test_pass", "humaneval
 
 def fit_problems(i: int, task: dict, domain: str) -> list[tuple[tuple, str]]:
     """A built-in domain's reward and check must be verifiers that can grade its tasks."""
+    if domain not in _DEFAULT_REWARD:  # a plugin domain: what its tasks carry is its own
+        return []
     problems = []
     for key in ("reward", "check"):
         name = task.get(key)
@@ -73,6 +75,27 @@ def pack_problems(i: int, task: dict, path: Path) -> list[tuple[tuple, str]]:
             return [(("rl_tasks", i, "reward" if reward and not t.verifier else "pack"),
                      f"{path}:{line} (task {t.id!r}): {why}")]
     return []
+
+
+def plugin_problems(i: int, task: dict) -> list[tuple[tuple, str]]:
+    """The plugin domain and verifiers a task names must import (PluginError: one line each)."""
+    from polyrl.domains import registry as domains
+    from polyrl.plugins import PluginError
+    from polyrl.rewards import registry as rewards
+
+    lookups = [("reward", rewards.PLUGINS), ("check", rewards.PLUGINS)]
+    if task.get("pack") is None:
+        lookups.insert(0, ("domain", domains.PLUGINS))
+    problems = []
+    for key, plugins in lookups:
+        name = task.get(key)
+        if not isinstance(name, str) or name not in plugins:
+            continue
+        try:
+            plugins.load(name)
+        except PluginError as err:
+            problems.append((("rl_tasks", i, key), str(err)))
+    return problems
 
 
 def option_problems(i: int, task: dict) -> list[tuple[tuple, str]]:
