@@ -1,8 +1,9 @@
-"""The `exact_match` verifier: 1 when the completion's last \\boxed{...} is the task's answer.
+"""The `exact_match` verifier: 1 when the completion's \\boxed{...} answer is the task's answer.
 
 Whitespace around the boxed text is ignored; case and inner spaces are not. A completion
-without a box, or a task without an answer, scores 0 with the reason in its details: a
-bad response is data, never an exception. `reference(task)` gives the completion that
+that boxes two different answers scores 0 (hedging over candidates must not pay). A
+completion without a box, or a task without an answer, scores 0 with the reason in its
+details: a bad response is data, never an exception. `reference(task)` gives the completion that
 must score full reward, which `polyrl audit` uses for its solvability, negative-control
 and determinism checks.
 """
@@ -36,7 +37,10 @@ class ExactMatch:
         boxes = _BOX.findall(text)
         if not boxes:
             return Score(0.0, {"status": "no_answer", "extracted": None})
-        got = boxes[-1].strip() if self.strip else boxes[-1]
+        answers = {box.strip() if self.strip else box for box in boxes}
+        if len(answers) > 1:
+            return Score(0.0, {"status": "several_answers", "extracted": sorted(answers)})
+        got = answers.pop()
         ok = got == task.answer
         return Score(float(ok), {"status": "correct" if ok else "wrong", "extracted": got})
 
