@@ -71,7 +71,8 @@ class RLTask(BaseModel):
     model_config = _STRICT
 
     domain: str
-    """built-in domain name (math, code, ...), or any name when `pack` is given"""
+    """built-in domain name (math, code, ...), a plugin domain's (an installed package's; docs/plugins.md),
+    or any name when `pack` is given"""
     reward: str | None = None
     """verifier name (answer_verify, unit_test_pass, ...); null = the domain's default"""
     weight: float = Field(gt=0, le=1e6)
@@ -79,7 +80,7 @@ class RLTask(BaseModel):
     pack: str | None = None
     """JSONL task pack; a relative path is resolved against the run file's directory"""
     options: dict[str, Any] = Field(default_factory=dict)
-    """keyword options of a built-in domain (not a pack), for both its train and held-out tasks:
+    """keyword options of a built-in or plugin domain (not a pack), for both its train and held-out tasks:
     levels (math, code, agent: a subset of 1-4) and their relative weights, e.g. {levels: [1, 2]};
     intents (alignment)"""
     quarantine: str | None = None

@@ -87,7 +87,7 @@ def audit_pack(path: str, policy: Policy | None = None, options: AuditOptions | 
 
 def audit_domain(name: str, n: int, seed: int = 0, policy: Policy | None = None,
                  options: AuditOptions | None = None, progress: Progress | None = stderr_progress) -> AuditResult:
-    """Audit n tasks of a built-in domain: 4 in 5 from its train split, the rest held out."""
+    """Audit n tasks of a built-in or plugin domain: 4 in 5 from its train split, the rest held out."""
     from polyrl.domains.registry import get_domain
 
     domain = get_domain(name)

@@ -3,9 +3,9 @@
 Whitespace around the boxed text is ignored; case and inner spaces are not. A completion
 that boxes two different answers scores 0 (hedging over candidates must not pay). A
 completion without a box, or a task without an answer, scores 0 with the reason in its
-details: a bad response is data, never an exception. `reference(task)` gives the completion that
-must score full reward, which `polyrl audit` uses for its solvability, negative-control
-and determinism checks.
+details: a bad response is data, never an exception. `reference(task)` gives the
+completion that must score full reward, which `polyrl audit` uses for its solvability,
+negative-control, exploit and determinism checks.
 """
 
 from __future__ import annotations
