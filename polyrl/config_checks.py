@@ -108,7 +108,7 @@ def option_problems(i: int, task: dict) -> list[tuple[tuple, str]]:
     if not isinstance(options, dict) or not options:
         return []
     if name is None and task.get("pack") is None:
-        name = _DEFAULT_REWARD.get(task.get("domain"))  # type: ignore[arg-type]
+        name = _DEFAULT_REWARD.get(task.get("domain")) or _plugin_default(task.get("domain"))  # type: ignore[arg-type]
     if not isinstance(name, str):
         return []
     try:
@@ -120,6 +120,20 @@ def option_problems(i: int, task: dict) -> list[tuple[tuple, str]]:
     takes = [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "log"]
     return [(("rl_tasks", i, "reward_options", key), f"unknown option of {name}; it takes {', '.join(takes) or 'none'}"
              f"{did_you_mean(str(key), takes)}") for key in options if key not in takes]
+
+
+def _plugin_default(domain: object) -> str | None:
+    """A plugin domain's default verifier (its class's default_verifier), or None."""
+    from polyrl.domains import registry
+    from polyrl.plugins import PluginError
+
+    if not isinstance(domain, str) or domain not in registry.PLUGINS:
+        return None
+    try:
+        default = getattr(registry.PLUGINS.load(domain), "default_verifier", None)
+    except PluginError:
+        return None  # plugin_problems reports it
+    return default if isinstance(default, str) else None
 
 
 def domain_option_problems(i: int, task: dict) -> list[tuple[tuple, str]]:
