@@ -92,9 +92,15 @@ def plugin_problems(i: int, task: dict) -> list[tuple[tuple, str]]:
         if not isinstance(name, str) or name not in plugins:
             continue
         try:
-            plugins.load(name)
+            obj = plugins.load(name)
         except PluginError as err:
             problems.append((("rl_tasks", i, key), str(err)))
+            continue
+        own = getattr(obj, "name", name)  # a factory function has no class attribute: not checked
+        if key == "domain" and isinstance(own, str) and own != name:
+            problems.append((("rl_tasks", i, key), f"got {name!r}; the plugin's class names itself {own!r} (its "
+                             f"`name`), so its tasks would not be found under {name!r}; make the entry point's "
+                             f"name and the class's `name` the same"))
     return problems
 
 

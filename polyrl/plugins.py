@@ -37,6 +37,10 @@ class PluginError(Exception):
     exit_code = 2
 
 
+class PluginWarning(UserWarning):
+    """A plugin left out: it takes a built-in's name."""
+
+
 class Plugins:
     """The entry points of one group, by name, minus the names the built-ins take."""
 
@@ -85,9 +89,10 @@ class Plugins:
             found: dict[str, list[EntryPoint]] = {}
             for ep in entry_points(group=self.group):
                 if ep.name in self._builtin:
-                    warnings.warn(f"plugin {self.noun} {ep.name!r} from package {package(ep)} ({ep.value}) is "
-                                  f"ignored: a built-in {self.noun} has that name; rename the entry point",
-                                  stacklevel=3)
+                    # warn_explicit: one line on stderr ("polyrl:0: PluginWarning: ..."), no source line
+                    warnings.warn_explicit(f"plugin {self.noun} {ep.name!r} from package {package(ep)} ({ep.value}) "
+                                           f"is ignored: a built-in {self.noun} has that name; rename the entry point",
+                                           PluginWarning, "polyrl", 0, module=__name__)
                     continue
                 same = found.setdefault(ep.name, [])
                 if all(ep.value != other.value for other in same):  # one package seen twice on sys.path

@@ -52,7 +52,7 @@ class ShoutDomain:
         self.word = word
 
     def sample(self, split, n, seed):
-        return [Task(id=f"shout-{split}-{seed}-{i}", domain="shout", prompt=f"Shout {self.word}", answer=self.word.upper(),
+        return [Task(id=f"shout-{split}-{seed}-{i}", domain=self.name, prompt=f"Shout {self.word}", answer=self.word.upper(),
                      split=split) for i in range(n)]
 
 class LastLine:
@@ -147,6 +147,14 @@ def test_two_packages_with_one_name_is_an_error_naming_both(site):
     assert "other-plugin 0.1 (other_plugin:ShoutDomain)" in str(err.value)
 
 
+def test_an_entry_point_named_unlike_its_class_is_a_run_file_error(site):
+    fake_package(site, "shout-plugin", {"polyrl.domains": {"yell": "shout_plugin:ShoutDomain"}},
+                 {"shout_plugin": GOOD_MODULE})
+    with pytest.raises(ConfigError, match=r"run.yaml:2: rl_tasks\[0\].domain: got 'yell'; the plugin's class names "
+                                          r"itself 'shout'"):
+        load_config_text("rl_tasks:\n  - domain: yell\n    weight: 1\n", source="run.yaml")
+
+
 def test_unknown_names_in_a_run_file_list_the_plugins(site):
     fake_package(site, "shout-plugin", {"polyrl.domains": {"shout": "shout_plugin:ShoutDomain"},
                                         "polyrl.rewards": {"upper_match": "shout_plugin:LastLine"}},
@@ -187,6 +195,8 @@ def test_a_plugin_domain_with_tools_rolls_out_as_agent_episodes(site):
 from polyrl.agent.tools import ToolBox
 
 class ToolShout(ShoutDomain):
+    name = "toolshout"
+
     @staticmethod
     def toolbox(task):
         return ToolBox([])
