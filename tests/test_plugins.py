@@ -258,7 +258,8 @@ def test_the_example_run_file_validates_and_trains_two_steps(installed, tmp_path
     assert done.returncode == 0, done.stderr[-2000:]
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [0, 1]
-    assert {"wordops", "math"} <= set(metrics[0]["domains"])
+    assert {"wordops", "wordtools", "math"} <= set(metrics[0]["domains"])
     trajectories = [json.loads(line) for line in (tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()]
     assert any(t["domain"] == "wordops" and t["details"].get("status") in ("no_answer", "wrong", "correct")
                for t in trajectories)
+    assert any(t["domain"] == "wordtools" for t in trajectories)  # the plugin's tools' episodes
