@@ -1,6 +1,6 @@
 """Run-file checks against the world outside the file: the verifiers that can grade each
-domain, the task packs (they must load whole and hold held-out tasks), the verifiers'
-options, and the model directory. polyrl/config.py runs them with its other checks; each
+domain, the task packs (they must load whole and hold held-out tasks), the plugins the file
+names (they must import), the verifiers' and domains' options, and the model directory. polyrl/config.py runs them with its other checks; each
 returns (loc, message) pairs for its error lines.
 
 Out of scope: whether a task is solvable or its reward sound (`polyrl audit`), and the
@@ -34,7 +34,9 @@ _DEFAULT_REWARD = {"math": "answer_verify", "code": "unit_test_pass", "humaneval
 
 def fit_problems(i: int, task: dict, domain: str) -> list[tuple[tuple, str]]:
     """A built-in domain's reward and check must be verifiers that can grade its tasks."""
-    if domain not in _DEFAULT_REWARD:  # a plugin domain: what its tasks carry is its own
+    from polyrl.domains.registry import PLUGINS
+
+    if domain in PLUGINS:  # a plugin domain: what its tasks carry is its own to know
         return []
     problems = []
     for key in ("reward", "check"):
@@ -143,7 +145,7 @@ def _plugin_default(domain: object) -> str | None:
 
 
 def domain_option_problems(i: int, task: dict) -> list[tuple[tuple, str]]:
-    """options must be what the built-in domain takes (it is built with them to find out)."""
+    """options must be what the built-in or plugin domain takes (it is built with them to find out)."""
     import inspect
 
     from polyrl.domains.registry import UnknownDomain, domain_class
