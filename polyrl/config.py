@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from polyrl.config_checks import (
     MAX_SAMPLES_PER_STEP, domain_option_problems, fit_problems, model_problem, option_problems, pack_problems,
+    plugin_problems,
 )
 from polyrl.config_messages import (
     MAX_RUN_FILE_BYTES, Refused, SafeRunLoader, did_you_mean, dotted, duplicate_keys, explain, line_for,
@@ -70,7 +71,8 @@ class RLTask(BaseModel):
     model_config = _STRICT
 
     domain: str
-    """built-in domain name (math, code, ...), or any name when `pack` is given"""
+    """built-in domain name (math, code, ...), a plugin domain's (an installed package's; docs/plugins.md),
+    or any name when `pack` is given"""
     reward: str | None = None
     """verifier name (answer_verify, unit_test_pass, ...); null = the domain's default"""
     weight: float = Field(gt=0, le=1e6)
@@ -78,7 +80,7 @@ class RLTask(BaseModel):
     pack: str | None = None
     """JSONL task pack; a relative path is resolved against the run file's directory"""
     options: dict[str, Any] = Field(default_factory=dict)
-    """keyword options of a built-in domain (not a pack), for both its train and held-out tasks:
+    """keyword options of a built-in or plugin domain (not a pack), for both its train and held-out tasks:
     levels (math, code, agent: a subset of 1-4) and their relative weights, e.g. {levels: [1, 2]};
     intents (alignment)"""
     quarantine: str | None = None
@@ -446,7 +448,7 @@ def _semantic_problems(data: Any, base_dir: Path | None) -> list[tuple[tuple, st
                 else:
                     first_index[domain] = i
                 if pack is None and domains is not None and domain not in domains:
-                    problems.append((("rl_tasks", i, "domain"), f"got {domain!r}; must be a built-in domain ({', '.join(domains)}), or any name together with `pack`{did_you_mean(domain, domains)}"))
+                    problems.append((("rl_tasks", i, "domain"), f"got {domain!r}; must be a built-in or plugin domain ({', '.join(domains)}), or any name together with `pack`{did_you_mean(domain, domains)}"))
             if isinstance(reward, str) and reward not in verifiers:
                 problems.append((("rl_tasks", i, "reward"), f"got {reward!r}; must be one of {', '.join(verifiers)}, or null for the domain's default{did_you_mean(reward, verifiers)}"))
             check = task.get("check")
@@ -460,6 +462,7 @@ def _semantic_problems(data: Any, base_dir: Path | None) -> list[tuple[tuple, st
                     problems += pack_problems(i, task, resolved)
             elif isinstance(domain, str) and domains is not None and domain in domains:
                 problems += fit_problems(i, task, domain)
+            problems += plugin_problems(i, task)
             problems += option_problems(i, task)
             problems += domain_option_problems(i, task)
             quarantine = task.get("quarantine")
@@ -545,7 +548,7 @@ def _available_verifiers() -> list[str]:
 
 
 def _available_domains() -> list[str] | None:
-    """Built-in domain names, or None when the domain registry is not there (no check)."""
+    """Built-in and plugin domain names, or None when the domain registry is not there (no check)."""
     try:
         from polyrl.domains.registry import available_domains
     except ModuleNotFoundError as e:

@@ -1,6 +1,6 @@
 """Run-file checks against the world outside the file: the verifiers that can grade each
-domain, the task packs (they must load whole and hold held-out tasks), the verifiers'
-options, and the model directory. polyrl/config.py runs them with its other checks; each
+domain, the task packs (they must load whole and hold held-out tasks), the plugins the file
+names (they must import), the verifiers' and domains' options, and the model directory. polyrl/config.py runs them with its other checks; each
 returns (loc, message) pairs for its error lines.
 
 Out of scope: whether a task is solvable or its reward sound (`polyrl audit`), and the
@@ -36,6 +36,10 @@ _DEFAULT_REWARD = {"math": "answer_verify", "code": "unit_test_pass", "humaneval
 
 def fit_problems(i: int, task: dict, domain: str) -> list[tuple[tuple, str]]:
     """A built-in domain's reward and check must be verifiers that can grade its tasks."""
+    from polyrl.domains.registry import PLUGINS
+
+    if domain in PLUGINS:  # a plugin domain: what its tasks carry is its own to know
+        return []
     problems = []
     for key in ("reward", "check"):
         name = task.get(key)
@@ -77,6 +81,33 @@ def pack_problems(i: int, task: dict, path: Path) -> list[tuple[tuple, str]]:
     return []
 
 
+def plugin_problems(i: int, task: dict) -> list[tuple[tuple, str]]:
+    """The plugin domain and verifiers a task names must import (PluginError: one line each)."""
+    from polyrl.domains import registry as domains
+    from polyrl.plugins import PluginError
+    from polyrl.rewards import registry as rewards
+
+    lookups = [("reward", rewards.PLUGINS), ("check", rewards.PLUGINS)]
+    if task.get("pack") is None:
+        lookups.insert(0, ("domain", domains.PLUGINS))
+    problems = []
+    for key, plugins in lookups:
+        name = task.get(key)
+        if not isinstance(name, str) or name not in plugins:
+            continue
+        try:
+            obj = plugins.load(name)
+        except PluginError as err:
+            problems.append((("rl_tasks", i, key), str(err)))
+            continue
+        own = getattr(obj, "name", name)  # a factory function has no class attribute: not checked
+        if key == "domain" and isinstance(own, str) and own != name:
+            problems.append((("rl_tasks", i, key), f"got {name!r}; the plugin's class names itself {own!r} (its "
+                             f"`name`), so its tasks would not be found under {name!r}; make the entry point's "
+                             f"name and the class's `name` the same"))
+    return problems
+
+
 def option_problems(i: int, task: dict) -> list[tuple[tuple, str]]:
     """reward_options must be keyword options the verifier takes."""
     import inspect
@@ -87,7 +118,7 @@ def option_problems(i: int, task: dict) -> list[tuple[tuple, str]]:
     if not isinstance(options, dict) or not options:
         return []
     if name is None and task.get("pack") is None:
-        name = _DEFAULT_REWARD.get(task.get("domain"))  # type: ignore[arg-type]
+        name = _DEFAULT_REWARD.get(task.get("domain")) or _plugin_default(task.get("domain"))  # type: ignore[arg-type]
     if not isinstance(name, str):
         return []
     try:
@@ -101,8 +132,22 @@ def option_problems(i: int, task: dict) -> list[tuple[tuple, str]]:
              f"{did_you_mean(str(key), takes)}") for key in options if key not in takes]
 
 
+def _plugin_default(domain: object) -> str | None:
+    """A plugin domain's default verifier (its class's default_verifier), or None."""
+    from polyrl.domains import registry
+    from polyrl.plugins import PluginError
+
+    if not isinstance(domain, str) or domain not in registry.PLUGINS:
+        return None
+    try:
+        default = getattr(registry.PLUGINS.load(domain), "default_verifier", None)
+    except PluginError:
+        return None  # plugin_problems reports it
+    return default if isinstance(default, str) else None
+
+
 def domain_option_problems(i: int, task: dict) -> list[tuple[tuple, str]]:
-    """options must be what the built-in domain takes (it is built with them to find out)."""
+    """options must be what the built-in or plugin domain takes (it is built with them to find out)."""
     import inspect
 
     from polyrl.domains.registry import UnknownDomain, domain_class

@@ -116,7 +116,7 @@ def test_unknown_reward_lists_verifiers():
 
 def test_unknown_domain_unless_a_pack_is_given(known_domains, tmp_path):
     (line,) = errors("rl_tasks:\n  - domain: mth\n    weight: 1\n")
-    assert line == "run.yaml:2: rl_tasks[0].domain: got 'mth'; must be a built-in domain (agent, alignment, code, math), or any name together with `pack`; did you mean 'math'?"
+    assert line == "run.yaml:2: rl_tasks[0].domain: got 'mth'; must be a built-in or plugin domain (agent, alignment, code, math), or any name together with `pack`; did you mean 'math'?"
     (tmp_path / "mine.jsonl").write_text('{"id": "m1", "domain": "math", "prompt": "1 + 1?", "answer": "2", "split": "heldout"}\n')
     cfg = load_config_text("rl_tasks:\n  - {domain: mine, pack: mine.jsonl, weight: 1}\n", base_dir=tmp_path)
     assert cfg.rl_tasks[0].domain == "mine"

@@ -19,7 +19,7 @@ import polyrl
 BASE, MIDDLE, TOP = 0, 1, 2
 LAYERS = {
     # the network, the engine, isolation, RL math, records, and the plain types between stages
-    "models": BASE, "engine": BASE, "sandbox": BASE, "rl": BASE, "obs": BASE, "types": BASE, "cache": BASE,
+    "models": BASE, "engine": BASE, "sandbox": BASE, "rl": BASE, "obs": BASE, "types": BASE, "cache": BASE, "plugins": BASE,
     # libraries of tasks, grading, audits and the agent loop
     "agent": MIDDLE, "domains": MIDDLE, "rewards": MIDDLE, "quality": MIDDLE,
     # what wires them together: rollout, training, the built-in recipes, the run file, the commands

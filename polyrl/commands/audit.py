@@ -23,7 +23,7 @@ from polyrl.commands import at_least, positive_number
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pack", nargs="?", help="task pack, JSONL (one task per line)")
-    parser.add_argument("--domain", help="audit a built-in domain instead (math, code, humaneval, swe)")
+    parser.add_argument("--domain", help="audit a built-in or plugin domain instead (math, code, humaneval, swe, ...)")
     parser.add_argument("--n", type=at_least(1), default=50, help="with --domain: tasks to sample (default 50)")
     parser.add_argument("--seed", type=int, default=0, help="with --domain: sampling seed")
     parser.add_argument("--policy", metavar="MODEL", help="Hugging Face model directory (or builtin:tiny) to "

@@ -11,9 +11,10 @@
    it; a full-reward sample that trips the independent check (independent.py) is flagged.
 
 A task whose check cannot be graded at all (it does not compile, calls no candidate, or
-its gold does not parse) gets no probes: each would only restate that. Tasks graded by a
-verifier with no probes (rule_check, preference_model, ...) get hygiene only, and a
-warning saying so.
+its gold does not parse) gets no probes: each would only restate that. A verifier polyrl
+does not know (a plugin's) is probed through its `reference(task)` (plugin_probes.py).
+Tasks graded by a verifier with no probes (rule_check, preference_model, a plugin's
+without `reference`) get hygiene only, and a warning saying so.
 
 Out of scope: printing (report.py), command-line parsing (polyrl/commands/audit.py), agent episodes.
 """
@@ -25,16 +26,19 @@ from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from polyrl.domains.pack import EmptyPack, PackError, load_pack, verifier_for
+from polyrl.plugins import PluginError
 from polyrl.quality import hygiene
 from polyrl.quality.code_probes import code_probes
 from polyrl.quality.findings import TaskAudit
 from polyrl.quality.independent import suspicious
 from polyrl.quality.math_probes import gold_problems, math_probes, reference_probe
+from polyrl.quality.plugin_probes import has_reference, plugin_probes, references
+from polyrl.quality.plugin_probes import reference_probe as plugin_reference_probe
 from polyrl.quality.policy import Policy, pass_at_k
 from polyrl.quality.probes import Probe, findings_for, holds, why
 from polyrl.quality.scoring import Progress, Scorer, stderr_progress
 from polyrl.quality.swe_probes import swe_probes
-from polyrl.rewards.registry import available_verifiers
+from polyrl.rewards.registry import PLUGINS, available_verifiers, verifier_class
 from polyrl.types import Score, Task
 
 PROBED = ("unit_test_pass", "answer_verify", "swe_patch")
@@ -84,7 +88,7 @@ def audit_pack(path: str, policy: Policy | None = None, options: AuditOptions | 
 
 def audit_domain(name: str, n: int, seed: int = 0, policy: Policy | None = None,
                  options: AuditOptions | None = None, progress: Progress | None = stderr_progress) -> AuditResult:
-    """Audit n tasks of a built-in domain: 4 in 5 from its train split, the rest held out."""
+    """Audit n tasks of a built-in or plugin domain: 4 in 5 from its train split, the rest held out."""
     from polyrl.domains.registry import get_domain
 
     domain = get_domain(name)
@@ -112,12 +116,13 @@ def audit_tasks(entries: Sequence[tuple[int, Task]], errors: Sequence[PackError]
         for i, problem in zip(math, gold_problems([tasks[i] for i in math])):
             if problem:
                 audits[i].add("unparsable_answer", problem[1], problem[0])  # type: ignore[arg-type]
-        usable = [i for i, n in enumerate(names) if n in PROBED
+        own = _plugin_references(scorer, tasks, audits, names)
+        usable = [i for i, n in enumerate(names) if (n in PROBED or i in own)
                   and not any(f.check in _UNGRADABLE and f.severity == "fail" for f in audits[i].findings)]
         plans = _plans(scorer, tasks, audits, names, usable)
-        refs = _solvability(scorer, tasks, audits, names, usable, say)
+        refs = _solvability(scorer, tasks, audits, names, usable, own, say)
         usable = [i for i in usable if not audits[i].has("verifier") and not audits[i].has("empty_tests")]
-        _probes(scorer, tasks, audits, names, usable, plans, refs, result, options, say)
+        _probes(scorer, tasks, audits, names, usable, plans, refs, own, result, options, say)
         _determinism(scorer, tasks, audits, names, [i for i in usable if i in refs], refs, options, say)
         if policy is not None:
             _difficulty(scorer, policy, tasks, audits, names, usable, options, say)
@@ -145,9 +150,38 @@ def _verifier_name(task: Task, audit: TaskAudit) -> str | None:
     if name not in available_verifiers():
         audit.add("verifier", f"unknown verifier {name!r}; available: {', '.join(available_verifiers())}")
         return None
-    if name not in PROBED:
-        audit.add("verifier", f"verifier {name!r} has no audit probes: only the hygiene checks ran", "warn")
+    if name not in PLUGINS:
+        if name not in PROBED:
+            audit.add("verifier", f"verifier {name!r} has no audit probes: only the hygiene checks ran", "warn")
+        return name
+    try:
+        probed = has_reference(verifier_class(name))
+    except PluginError as err:
+        audit.add("verifier", str(err))
+        return None
+    if not probed:
+        audit.add("verifier", f"plugin verifier {name!r} has no reference(task), so no audit probes: only the "
+                              "hygiene checks ran", "warn")
     return name
+
+
+def _plugin_references(scorer: Scorer, tasks: list[Task], audits: list[TaskAudit], names: list) -> dict[int, str]:
+    """Task index -> reference completion, for tasks graded by a verifier with `reference` (a plugin's)."""
+    by_name: dict[str, list[int]] = {}
+    for i, name in enumerate(names):
+        if name is not None and name in PLUGINS and has_reference(verifier_class(name)):
+            by_name.setdefault(name, []).append(i)
+    own: dict[int, str] = {}
+    for name, indices in by_name.items():
+        for i, ref in zip(indices, references(scorer.verifier(name), [tasks[i] for i in indices])):
+            if isinstance(ref, Exception):
+                audits[i].add("verifier", f"{name}.reference() failed: {type(ref).__name__}: {ref}")
+            elif ref is None:
+                audits[i].add("verifier", f"{name} gives no reference for this task: only the hygiene checks ran",
+                              "warn")
+            else:
+                own[i] = ref
+    return own
 
 
 def _plans(scorer: Scorer, tasks: list[Task], audits: list[TaskAudit], names: list, usable: list[int]) -> dict:
@@ -161,7 +195,9 @@ def _plans(scorer: Scorer, tasks: list[Task], audits: list[TaskAudit], names: li
     return plans
 
 
-def _reference(task: Task, name: str) -> Probe | None:
+def _reference(task: Task, name: str, own: str | None) -> Probe | None:
+    if own is not None:
+        return plugin_reference_probe(own)
     if name == "answer_verify":
         return reference_probe(task)
     if name == "swe_patch":
@@ -171,9 +207,9 @@ def _reference(task: Task, name: str) -> Probe | None:
     return Probe("solvability", "the reference solution", reference, "full") if isinstance(reference, str) else None
 
 
-def _solvability(scorer: Scorer, tasks, audits, names, usable, say) -> dict[int, tuple[Probe, Score]]:
+def _solvability(scorer: Scorer, tasks, audits, names, usable, own, say) -> dict[int, tuple[Probe, Score]]:
     """Score each reference; returns task index -> (probe, score) for tasks that have one."""
-    probes = {i: p for i in usable if (p := _reference(tasks[i], names[i])) is not None}
+    probes = {i: p for i in usable if (p := _reference(tasks[i], names[i], own.get(i))) is not None}
     say(f"solvability: scoring {len(probes)} references")
     scores = scorer.score([(names[i], tasks[i], p.completion) for i, p in probes.items()], "strict", "solvability")
     refs = {}
@@ -191,10 +227,12 @@ def _solvability(scorer: Scorer, tasks, audits, names, usable, say) -> dict[int,
     return refs
 
 
-def _probes(scorer, tasks, audits, names, usable, plans, refs, result: AuditResult, options, say) -> None:
+def _probes(scorer, tasks, audits, names, usable, plans, refs, own, result: AuditResult, options, say) -> None:
     per_task: dict[int, list[Probe]] = {}
     for i in usable:
-        if names[i] == "unit_test_pass":
+        if i in own:
+            per_task[i] = plugin_probes(tasks[i], own[i], _other_reference(own, names, i))
+        elif names[i] == "unit_test_pass":
             ok = i in refs and refs[i][1].value >= 1.0
             per_task[i] = code_probes(tasks[i], plans.get(i), ok, options.mutants_per_kind)
         elif names[i] == "swe_patch":
@@ -218,6 +256,14 @@ def _probes(scorer, tasks, audits, names, usable, plans, refs, result: AuditResu
         tally[1] += 1
     for i, pairs in by_task.items():
         audits[i].findings.extend(findings_for([p for p, _ in pairs], [s for _, s in pairs]))
+
+
+def _other_reference(own: dict[int, str], names: list, i: int) -> str | None:
+    """The reference of the next task graded by the same verifier whose reference differs (wraps around)."""
+    same = [j for j in sorted(own) if names[j] == names[i] and own[j].strip() != own[i].strip()]
+    if not same:
+        return None
+    return own[next((j for j in same if j > i), same[0])]
 
 
 def _signature(score: Score) -> tuple:

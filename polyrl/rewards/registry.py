@@ -1,11 +1,13 @@
 """Verifier names -> implementations, imported lazily (a sandbox backend or a reward
-model should not load when only math is scored)."""
+model should not load when only math is scored), and the verifiers of installed packages
+(entry point group `polyrl.rewards`, polyrl/plugins.py; a built-in name wins)."""
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
+from polyrl.plugins import Plugins
 from polyrl.rewards.base import Verifier
 
 # name -> "module:Class". Each class takes keyword options and implements Verifier.
@@ -17,6 +19,7 @@ _VERIFIERS: dict[str, str] = {
     "rule_check": "polyrl.rewards.alignment_rules:AlignmentRules",
     "swe_patch": "polyrl.rewards.swe_patch:SwePatch",
 }
+PLUGINS = Plugins("polyrl.rewards", "verifier", _VERIFIERS)
 
 
 class UnknownVerifier(KeyError):
@@ -25,12 +28,14 @@ class UnknownVerifier(KeyError):
 
 
 def available_verifiers() -> list[str]:
-    return sorted(_VERIFIERS)
+    return sorted({*_VERIFIERS, *PLUGINS.names()})
 
 
 def verifier_class(name: str) -> type:
     """The class behind a verifier name, imported but not constructed (to check its options)."""
     if name not in _VERIFIERS:
+        if name in PLUGINS:
+            return PLUGINS.load(name)
         raise UnknownVerifier(name)
     module_name, _, class_name = _VERIFIERS[name].partition(":")
     return getattr(importlib.import_module(module_name), class_name)
