@@ -138,7 +138,7 @@ def test_consistency_has_exactly_one_contradiction_even_with_restatements() -> N
     ("options", "match"),
     [
         ({"levels": (5,)}, r"longctx levels must be a non-empty subset of \(1, 2, 3, 4\)"),
-        ({"kinds": ("needle",)}, r"longctx kinds must be a non-empty subset of \('variable_tracking'"),
+        ({"kinds": ("haystack",)}, r"longctx kinds must be a non-empty subset of \('variable_tracking'"),
         ({"tokens": 10}, r"longctx tokens must be an integer >= 128"),
         ({"tokenizer": 3}, r"longctx tokenizer must be a model directory, builtin:NAME or an object with encode"),
     ],
