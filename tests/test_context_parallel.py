@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 
 from polyrl.config import TrainerConfig
 from polyrl.models.config import ModelConfig
-from polyrl.models.context_parallel import SequenceShard
+from polyrl.models.context_parallel import SequenceShard, _PrefixAndDiagonal, sharded_hidden
 from polyrl.models.rope import RopeScaling
 from polyrl.models.transformer import Transformer
 from polyrl.rl.loss import policy_loss
@@ -24,11 +24,14 @@ from polyrl.train.batch import token_logprobs
 
 V = 97
 TEMPERATURE, CLIP_LOW, CLIP_HIGH = 0.7, 0.2, 0.28
-# name -> (sequence length, rows, RoPE scaling). "long": the issue's 8k sequence; "uneven":
-# a length no P divides (the end is padded), two rows, YaRN-scaled RoPE at global positions.
+YARN = RopeScaling("yarn", factor=4.0, original_max_position_embeddings=2048)
+# name -> (sequence length, rows, RoPE scaling, attention kernel). "long": the issue's 8k
+# sequence; "uneven": a length no P divides (the end is padded), two rows, YaRN-scaled RoPE at
+# global positions; "masked": the same with the device-agnostic masked kernel (CPU uses "split").
 CASES = {
-    "long": (8192, 1, None),
-    "uneven": (1001, 2, RopeScaling("yarn", factor=4.0, original_max_position_embeddings=2048)),
+    "long": (8192, 1, None, "auto"),
+    "uneven": (1001, 2, YARN, "auto"),
+    "masked": (1001, 2, YARN, "masked"),
 }
 
 
@@ -59,7 +62,7 @@ def inputs(T: int, B: int) -> dict:
 
 
 def one_process(name: str) -> dict:
-    T, B, scaling = CASES[name]
+    T, B, scaling, _ = CASES[name]
     m, x = model(scaling), inputs(T, B)
     logits = m.lm_head(m.hidden(x["input_ids"])).float()
     logp = token_logprobs(logits, x["targets"], TEMPERATURE)
@@ -69,8 +72,9 @@ def one_process(name: str) -> dict:
 
 
 def sharded(name: str, cp: cp_mod.ContextParallel) -> dict:
-    T, B, scaling = CASES[name]
+    T, B, scaling, kernel = CASES[name]
     m, x = model(scaling), inputs(T, B)
+    cp.kernel = kernel
     mine, loss = cp_mod.policy_loss(cp, m, x["input_ids"], x["targets"], x["old_logp"], x["adv"], x["mask"],
                                     CLIP_LOW, CLIP_HIGH, TEMPERATURE)
     mine.backward()
@@ -161,6 +165,35 @@ def test_shards_cover_the_sequence_once_in_order_with_the_end_padded(T, P):
     assert torch.equal(positions[0], torch.arange(shards[0].padded))
 
 
+@pytest.mark.parametrize("past", [0, 5, 12])
+def test_split_attention_is_causal_attention_over_the_prefix(past):
+    """The CPU kernel's two blocks merged by log-sum-exp, forward and backward, against one
+    masked SDPA call (float64; GQA: 4 query heads on 2 kv heads; past 0 = rank 0)."""
+    g = torch.Generator().manual_seed(past)
+    S = 7
+    q = torch.randn(2, 4, S, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    k, v, k_past, v_past = (torch.randn(2, 2, n, 16, generator=g, dtype=torch.float64, requires_grad=True)
+                            for n in (S, S, past, past))
+    out = _PrefixAndDiagonal.apply(q, k, v, k_past, v_past)
+    mask = torch.cat((torch.ones(S, past, dtype=torch.bool), torch.ones(S, S, dtype=torch.bool).tril()), dim=1)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, torch.cat((k_past, k), 2), torch.cat((v_past, v), 2),
+                                                           attn_mask=mask, enable_gqa=True)
+    assert torch.allclose(out, ref, atol=1e-12, rtol=0)
+    up = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    mine = torch.autograd.grad(out, (q, k, v, k_past, v_past), up)
+    theirs = torch.autograd.grad(ref, (q, k, v, k_past, v_past), up)
+    for a, b in zip(mine, theirs):
+        assert a.shape == b.shape and torch.allclose(a, b, atol=1e-12, rtol=0)
+
+
+def test_unpinned_dynamic_rope_is_refused():
+    """Its base depends on each call's longest position, which differs between ranks."""
+    m = model(RopeScaling("dynamic", factor=2.0))
+    m.rope.dynamic_length = None
+    with pytest.raises(ValueError, match="dynamic NTK"):
+        sharded_hidden(m, torch.zeros(1, 4, dtype=torch.long), SequenceShard(0, 2, 8))
+
+
 def test_a_launch_without_the_environment_is_a_clear_error(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     with pytest.raises(RuntimeError, match=r"trainer.context_parallel: 2 needs a launch with WORLD_SIZE=2"):
@@ -172,3 +205,24 @@ def test_the_run_file_field():
     assert TrainerConfig(context_parallel=4).context_parallel == 4
     with pytest.raises(ValueError, match="context_parallel"):
         TrainerConfig(context_parallel=0)
+
+
+def test_polyrl_train_refuses_a_run_that_sets_it(tmp_path, monkeypatch):
+    """The training loop does not shard sequences yet: a run asking for it stops at once, in one line."""
+    from polyrl.config import load_config_text
+    from polyrl.train.loop import train
+    from tests.helpers import random_model_dir
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    cfg = load_config_text(f"""
+rl_tasks:
+  - domain: math
+    weight: 1.0
+model:
+  path: {random_model_dir(tmp_path / "model")}
+trainer:
+  context_parallel: 2
+""")
+    with pytest.raises(RuntimeError, match=r"^trainer.context_parallel: 2 is not wired into polyrl train yet") as e:
+        train(cfg, tmp_path / "run", log=lambda _: None)
+    assert "\n" not in str(e.value)

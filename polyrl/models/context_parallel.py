@@ -8,22 +8,27 @@ their global positions (`SequenceShard.positions`, passed to `Transformer.hidden
 runs every layer on its S tokens only; only attention needs other ranks' tokens.
 
 Attention (`GatheredKVAttention`): an all-gather of keys and values (one collective per
-layer, K and V stacked), as in Llama 3's context parallelism. Rank r keeps the first r+1
-shards (the causal prefix its queries can see) and attends with a mask built from global
-positions. The gather is differentiable: its backward is a reduce-scatter, so the gradient
-of each rank's K/V is the sum of what every rank's queries sent back to it.
+layer, K and V stacked), as in Llama 3's context parallelism. Rank r keeps the shards of
+ranks 0..r-1 (all before its queries, so all visible) and attends over them and, causally,
+over its own. The gather is differentiable: its backward is a reduce-scatter, so the
+gradient of each rank's K/V is the sum of what every rank's queries sent back to it. Two
+kernels compute the same attention:
+- "split" (CPU): two unmasked flash-kernel calls, earlier ranks' keys and its own (causal),
+  merged by their log-sum-exps, with the exact blockwise backward (`_PrefixAndDiagonal`);
+- "masked" (any device): one SDPA call over the gathered prefix with an (S, r·S + S) mask
+  built from global positions. On CPU it is slower, and the mask costs memory.
 
 Why all-gather and contiguous shards, not a ring or zig-zag:
-- Exactness first: the ranks' attention is the one-process softmax over the same keys, with
-  no online-softmax rescaling to get right in the backward pass.
-- Memory: activations are 1/P per rank except keys and values: rank r holds (r+1)·S
+- Exactness first: each rank's attention is over the same keys as one process's, with one
+  merge of two blocks, not P steps of online-softmax rescaling.
+- Memory: activations are 1/P per rank except keys and values: rank r holds r·S + S
   positions of K and V per layer for the backward (the last rank the full T). With GQA these
-  are small (2·n_kv·hd per token per layer, against the hidden states and MLP activations).
-  A ring would hold S of them, at the price of P steps of blockwise attention per layer.
-- Balance: rank r does (r+1)/P of the last rank's attention work (the mask does not let a
-  dense kernel skip blocks anyway on CPU). Zig-zag (rank r holds chunks r and 2P-1-r)
-  balances causal work for a kernel that skips masked blocks (flash varlen on GPU);
-  `positions` and the mask are the only places that would change.
+  are small (2·n_kv·hd numbers per token per layer, against the hidden states and MLP
+  activations). A ring would hold S of them, at the price of P blockwise steps per layer
+  and a ring of sends in the backward too.
+- Balance: rank r does (r+1)/P of the last rank's attention work. Zig-zag (rank r holds
+  chunks r and 2P-1-r) would balance it; `SequenceShard` and the block split are the only
+  places that would change.
 
 Out of scope: packed rows (document masks across shards), padding masks other than the end,
 dynamic NTK RoPE left unpinned (`Rotary.per_call`: its base would differ per rank), KV caches.
@@ -86,16 +91,19 @@ class _GatherPrefix(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, keep: int, group: dist.ProcessGroup | None) -> Tensor:
         world = dist.get_world_size(group)
-        ctx.keep, ctx.group, ctx.world = keep, group, world
+        ctx.keep, ctx.group, ctx.world, ctx.shape = keep, group, world, x.shape
         parts = [torch.empty_like(x) for _ in range(world)]
         dist.all_gather(parts, x.contiguous(), group=group)
+        if keep == 0:  # rank 0 has no earlier ranks, but joins the collective (and its backward)
+            return x.new_empty(*x.shape[:-2], 0, x.shape[-1])
         return torch.cat(parts[:keep], dim=-2)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
-        chunks = [c.contiguous() for c in grad.chunk(ctx.keep, dim=-2)]
-        chunks += [torch.zeros_like(chunks[0]) for _ in range(ctx.world - ctx.keep)]  # ranks past the prefix
-        mine = torch.empty_like(chunks[0])
+        chunks = list(grad.chunk(ctx.keep, dim=-2)) if ctx.keep else []
+        chunks = [c.contiguous() for c in chunks]
+        chunks += [grad.new_zeros(ctx.shape) for _ in range(ctx.world - ctx.keep)]  # ranks past the prefix
+        mine = torch.empty(ctx.shape, dtype=grad.dtype, device=grad.device)
         dist.reduce_scatter(mine, chunks, group=ctx.group)
         return mine, None, None
 
@@ -105,34 +113,91 @@ def gather_prefix(x: Tensor, keep: int, group: dist.ProcessGroup | None = None) 
     return _GatherPrefix.apply(x, keep, group)
 
 
+_FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_FLASH_CPU_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+class _PrefixAndDiagonal(torch.autograd.Function):
+    """Causal attention of this rank's queries over earlier ranks' keys (all visible) and its
+    own (causal), as two unmasked flash-kernel calls merged by log-sum-exp: no (S, keys) mask.
+
+    The backward is exact blockwise flash attention (as in ring attention): each block's
+    gradients come from the kernel's own backward given the MERGED output and log-sum-exp,
+    and dq is the sum of the two blocks'. CPU kernels (aten's private flash ops for CPU)."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, k_past: Tensor, v_past: Tensor) -> Tensor:
+        # q (B, nh, S, hd); k, v (B, nkv, S, hd) this rank's; k_past, v_past (B, nkv, r·S, hd)
+        out, lse = _FLASH_CPU(q, k, v, 0.0, True)  # (B, nh, S, hd), (B, nh, S)
+        if k_past.shape[2]:
+            out_p, lse_p = _FLASH_CPU(q, k_past, v_past, 0.0, False)
+            merged = torch.logaddexp(lse, lse_p)
+            acc = torch.promote_types(q.dtype, torch.float32)  # bf16 outputs merge in float32
+            out = (out.to(acc) * (lse - merged).exp()[..., None]
+                   + out_p.to(acc) * (lse_p - merged).exp()[..., None]).to(q.dtype)
+            lse = merged
+        ctx.save_for_backward(q, k, v, k_past, v_past, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, ...]:
+        q, k, v, k_past, v_past, out, lse = ctx.saved_tensors
+        grad = grad.contiguous()
+        dq, dk, dv = _FLASH_CPU_BACKWARD(grad, q, k, v, out, lse, 0.0, True)
+        if not k_past.shape[2]:
+            return dq, dk, dv, torch.zeros_like(k_past), torch.zeros_like(v_past)
+        dq_p, dk_p, dv_p = _FLASH_CPU_BACKWARD(grad, q, k_past, v_past, out, lse, 0.0, False)
+        return dq + dq_p, dk, dv, dk_p, dv_p
+
+
+KERNELS = ("auto", "split", "masked")
+"""GatheredKVAttention's kernels: "split" = prefix and diagonal blocks by CPU flash kernels,
+merged by log-sum-exp (CPU only); "masked" = one SDPA call with an (S, keys) mask (any
+device, slower and an (S, keys) mask in memory); "auto" = split on CPU, masked elsewhere."""
+
+
 class GatheredKVAttention:
     """AttentionBackend for one rank of a context-parallel forward (see the module docstring).
 
     Every rank of `group` must run the same layers in the same order: each `attend` is a
-    collective."""
+    collective. kernel: one of KERNELS, chosen once here for `device`."""
 
-    def __init__(self, shard: SequenceShard, group: dist.ProcessGroup | None = None) -> None:
+    def __init__(self, shard: SequenceShard, group: dist.ProcessGroup | None = None,
+                 device: torch.device | str = "cpu", kernel: str = "auto") -> None:
         assert dist.get_world_size(group) == shard.world_size and dist.get_rank(group) == shard.rank
-        self.shard, self.group = shard, group
-        keys = shard.start + shard.size  # the causal prefix this rank's queries see
-        q_pos = torch.arange(shard.start, keys)[:, None]  # (S, 1)
-        self.mask = torch.arange(keys)[None, :] <= q_pos  # (S, keys)
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel {kernel!r}: must be one of {', '.join(KERNELS)}")
+        device = torch.device(device)
+        if kernel == "auto":
+            kernel = "split" if device.type == "cpu" else "masked"
+        if kernel == "split" and device.type != "cpu":
+            raise ValueError(f"kernel 'split' runs on CPU only, not {device}: use 'masked'")
+        self.shard, self.group, self.kernel = shard, group, kernel
+        self.mask: Tensor | None = None
+        if kernel == "masked":
+            keys = shard.start + shard.size  # the causal prefix this rank's queries see
+            q_pos = torch.arange(shard.start, keys, device=device)[:, None]  # (S, 1)
+            self.mask = torch.arange(keys, device=device)[None, :] <= q_pos  # (S, keys)
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         # q (B, nh, S, hd); k, v (B, nkv, S, hd): this rank's tokens, RoPE at global positions
-        kv = gather_prefix(torch.stack((k, v)), self.shard.rank + 1, self.group)  # (2, B, nkv, keys, hd)
-        if self.mask.device != q.device:
-            self.mask = self.mask.to(q.device)
-        return F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=self.mask, enable_gqa=True)
+        rank = self.shard.rank
+        if self.kernel == "masked":
+            kv = gather_prefix(torch.stack((k, v)), rank + 1, self.group)  # (2, B, nkv, keys, hd)
+            return F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=self.mask, enable_gqa=True)
+        past = gather_prefix(torch.stack((k, v)), rank, self.group)  # (2, B, nkv, r·S, hd): earlier ranks'
+        return _PrefixAndDiagonal.apply(q.contiguous(), k.contiguous(), v.contiguous(), past[0], past[1])
 
 
-def sharded_hidden(model, input_ids: Tensor, shard: SequenceShard, group: dist.ProcessGroup | None = None) -> Tensor:
+def sharded_hidden(model, input_ids: Tensor, shard: SequenceShard, group: dist.ProcessGroup | None = None,
+                   kernel: str = "auto") -> Tensor:
     """Final-normed hidden states (B, S, D) of this rank's tokens; input_ids (B, S) = shard.take(ids).
 
-    model is a `Transformer`; a collective over `group` (one all-gather per layer)."""
+    model is a `Transformer`; a collective over `group` (one all-gather per layer); kernel:
+    see KERNELS."""
     if model.rope.per_call:
         raise ValueError("context parallelism needs a RoPE table fixed per model: dynamic NTK with "
                          "dynamic_length None would take a different base on each rank")
     B = input_ids.shape[0]
     positions = shard.positions(B, input_ids.device)
-    return model.hidden(input_ids, positions, GatheredKVAttention(shard, group))
+    return model.hidden(input_ids, positions, GatheredKVAttention(shard, group, input_ids.device, kernel))

@@ -41,11 +41,14 @@ from polyrl.train.distributed import ENV
 
 
 class ContextParallel:
-    """This process's part of a context-parallel group: rank `rank` of `world_size`."""
+    """This process's part of a context-parallel group: rank `rank` of `world_size`.
+    kernel: the attention kernel (models/context_parallel.py KERNELS; auto = by device)."""
 
-    def __init__(self, rank: int, world_size: int, device: torch.device, group: dist.ProcessGroup | None = None) -> None:
+    def __init__(self, rank: int, world_size: int, device: torch.device, group: dist.ProcessGroup | None = None,
+                 kernel: str = "auto") -> None:
         assert dist.is_initialized() and dist.get_world_size(group) == world_size and dist.get_rank(group) == rank
         self.rank, self.world_size, self.device, self.group = rank, world_size, device, group
+        self.kernel = kernel
 
     def shard(self, length: int) -> SequenceShard:
         """This rank's part of a sequence of `length` tokens."""
@@ -61,7 +64,7 @@ class ContextParallel:
         """input_ids, targets (B, T) the whole sequence (on every rank) -> (B, S) log p(target)
         of this rank's tokens (a collective); pad positions past T have target 0."""
         shard = self.shard(input_ids.shape[1])
-        hidden = sharded_hidden(model, shard.take(input_ids).to(self.device), shard, self.group)  # (B, S, D)
+        hidden = sharded_hidden(model, shard.take(input_ids).to(self.device), shard, self.group, self.kernel)  # (B, S, D)
         logits = model.lm_head(hidden).float()  # (B, S, V)
         return token_logprobs(logits, shard.take(targets).to(self.device), temperature)
 
