@@ -13,7 +13,8 @@ process's peak is its own.
 Memory: `resource.getrusage(RUSAGE_SELF).ru_maxrss`, the high-water mark of the process's
 resident set. Printed per configuration, as the largest over the ranks: the peak, and
 "step" = the peak minus the resident set just before the first step (model, inputs and
-imports excluded). Limits: RSS counts what the allocator holds, not what tensors use
+imports excluded); then each rank's "step" in rank order (the last rank holds the most
+keys and values). Limits: RSS counts what the allocator holds, not what tensors use
 (freed blocks kept by malloc still count, pages never touched do not); the peak is over
 the whole run, warm-up included; gloo's buffers count. On CUDA one would read
 torch.cuda.max_memory_allocated instead (not done: no GPU here).
@@ -149,7 +150,8 @@ def main() -> None:
     args = p.parse_args()
     print(f"model: hidden {args.hidden}, {args.layers} layers, {args.heads} heads ({args.kv_heads} kv), "
           f"vocab {args.vocab}, fp32; CPU, gloo, 1 torch thread per process, {os.cpu_count()} cores")
-    print(f"{'T':>6} {'P':>2} {'peak MB/rank':>13} {'step MB/rank':>13} {'step vs P=1':>12} {'s/step':>7}")
+    print(f"{'T':>6} {'P':>2} {'peak MB/rank':>13} {'step MB/rank':>13} {'step vs P=1':>12} "
+          f"{'step MB, each rank':>22} {'s/step':>7}")
     for length in (int(t) for t in args.lengths.split(",")):
         base = None
         for P in (int(x) for x in args.ps.split(",")):
@@ -158,7 +160,9 @@ def main() -> None:
             step = max(r["step_mem"] for r in ranks)
             base = step if P == 1 else base
             ratio = f"{step / base:.2f}x" if base else "-"
-            print(f"{length:>6} {P:>2} {peak:>13.0f} {step:>13.0f} {ratio:>12} {ranks[0]['seconds']:>7.2f}", flush=True)
+            each = " ".join(f"{r['step_mem']:.0f}" for r in ranks)
+            print(f"{length:>6} {P:>2} {peak:>13.0f} {step:>13.0f} {ratio:>12} {each:>22} {ranks[0]['seconds']:>7.2f}",
+                  flush=True)
 
 
 if __name__ == "__main__":
