@@ -1,6 +1,6 @@
 """Context parallelism, measured: peak memory per process and step time for P = 1, 2, 4.
 
-    python bench/context_parallel.py [--lengths 8192,16384] [--ps 1,2,4] [--steps 2]
+    python bench/context_parallel.py [--lengths 8192,16384] [--ps 1,2,4] [--layouts zigzag,contiguous] [--steps 2]
                                      [--hidden 128] [--layers 2] [--heads 8] [--kv-heads 2]
 
 One step is the forward of one sequence, the token-level policy loss, the backward and
@@ -81,7 +81,7 @@ def one_process_step(model, x) -> float:
     return loss.item()
 
 
-def worker(rank: int, world_size: int, port: int, args, length: int, out: str) -> None:
+def worker(rank: int, world_size: int, port: int, args, length: int, layout: str, out: str) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
@@ -91,6 +91,7 @@ def worker(rank: int, world_size: int, port: int, args, length: int, out: str) -
 
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         cp = cp_mod.init_from_env(world_size, "cpu")
+        cp.layout = layout
     model, x = build(args, length)
 
     def step() -> None:
@@ -129,9 +130,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def measure(args, P: int, length: int) -> list[dict]:
+def measure(args, P: int, length: int, layout: str) -> list[dict]:
     out = tempfile.mktemp(suffix=".pt")
-    mp.spawn(worker, args=(P, free_port(), args, length, out), nprocs=P, join=True)
+    mp.spawn(worker, args=(P, free_port(), args, length, layout, out), nprocs=P, join=True)
     ranks = torch.load(out, weights_only=False)
     os.unlink(out)
     return ranks
@@ -141,6 +142,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--lengths", default="8192,16384")
     p.add_argument("--ps", default="1,2,4")
+    p.add_argument("--layouts", default="zigzag,contiguous")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
@@ -150,19 +152,20 @@ def main() -> None:
     args = p.parse_args()
     print(f"model: hidden {args.hidden}, {args.layers} layers, {args.heads} heads ({args.kv_heads} kv), "
           f"vocab {args.vocab}, fp32; CPU, gloo, 1 torch thread per process, {os.cpu_count()} cores")
-    print(f"{'T':>6} {'P':>2} {'peak MB/rank':>13} {'step MB/rank':>13} {'step vs P=1':>12} "
+    print(f"{'T':>6} {'P':>2} {'layout':>10} {'peak MB/rank':>13} {'step MB/rank':>13} {'step vs P=1':>12} "
           f"{'step MB, each rank':>22} {'s/step':>7}")
     for length in (int(t) for t in args.lengths.split(",")):
         base = None
         for P in (int(x) for x in args.ps.split(",")):
-            ranks = measure(args, P, length)
-            peak = max(r["peak"] for r in ranks)
-            step = max(r["step_mem"] for r in ranks)
-            base = step if P == 1 else base
-            ratio = f"{step / base:.2f}x" if base else "-"
-            each = " ".join(f"{r['step_mem']:.0f}" for r in ranks)
-            print(f"{length:>6} {P:>2} {peak:>13.0f} {step:>13.0f} {ratio:>12} {each:>22} {ranks[0]['seconds']:>7.2f}",
-                  flush=True)
+            for layout in (["-"] if P == 1 else args.layouts.split(",")):
+                ranks = measure(args, P, length, layout)
+                peak = max(r["peak"] for r in ranks)
+                step = max(r["step_mem"] for r in ranks)
+                base = step if P == 1 else base
+                ratio = f"{step / base:.2f}x" if base else "-"
+                each = " ".join(f"{r['step_mem']:.0f}" for r in ranks)
+                print(f"{length:>6} {P:>2} {layout:>10} {peak:>13.0f} {step:>13.0f} {ratio:>12} {each:>22} "
+                      f"{ranks[0]['seconds']:>7.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -25,13 +25,16 @@ from polyrl.train.batch import token_logprobs
 V = 97
 TEMPERATURE, CLIP_LOW, CLIP_HIGH = 0.7, 0.2, 0.28
 YARN = RopeScaling("yarn", factor=4.0, original_max_position_embeddings=2048)
-# name -> (sequence length, rows, RoPE scaling, attention kernel). "long": the 8k
-# sequence; "uneven": a length no P divides (the end is padded), two rows, YaRN-scaled RoPE at
-# global positions; "masked": the same with the device-agnostic masked kernel (CPU uses "split").
+# name -> (sequence length, rows, RoPE scaling, layout, attention kernel). "long": the issue's
+# 8k sequence; "uneven": a length no P divides (the end is padded), two rows, YaRN-scaled RoPE at
+# global positions; "masked": the device-agnostic masked kernel (CPU's default is "split").
 CASES = {
-    "long": (8192, 1, None, "auto"),
-    "uneven": (1001, 2, YARN, "auto"),
-    "masked": (1001, 2, YARN, "masked"),
+    "long": (8192, 1, None, "contiguous", "auto"),
+    "long_zigzag": (8192, 1, None, "zigzag", "auto"),
+    "uneven": (1001, 2, YARN, "contiguous", "auto"),
+    "uneven_zigzag": (1001, 2, YARN, "zigzag", "auto"),
+    "masked": (1001, 2, YARN, "contiguous", "masked"),
+    "masked_zigzag": (1001, 2, YARN, "zigzag", "masked"),
 }
 
 
@@ -62,7 +65,7 @@ def inputs(T: int, B: int) -> dict:
 
 
 def one_process(name: str) -> dict:
-    T, B, scaling, _ = CASES[name]
+    T, B, scaling, _, _ = CASES[name]
     m, x = model(scaling), inputs(T, B)
     logits = m.lm_head(m.hidden(x["input_ids"])).float()
     logp = token_logprobs(logits, x["targets"], TEMPERATURE)
@@ -72,9 +75,9 @@ def one_process(name: str) -> dict:
 
 
 def sharded(name: str, cp: cp_mod.ContextParallel) -> dict:
-    T, B, scaling, kernel = CASES[name]
+    T, B, scaling, layout, kernel = CASES[name]
     m, x = model(scaling), inputs(T, B)
-    cp.kernel = kernel
+    cp.layout, cp.kernel = layout, kernel
     mine, loss = cp_mod.policy_loss(cp, m, x["input_ids"], x["targets"], x["old_logp"], x["adv"], x["mask"],
                                     CLIP_LOW, CLIP_HIGH, TEMPERATURE)
     mine.backward()
@@ -118,7 +121,11 @@ def spawn(world_size: int, out: str) -> dict:
 
 @pytest.fixture(scope="module")
 def reference() -> dict:
-    return {name: one_process(name) for name in CASES}
+    by_input: dict = {}  # cases differing only in layout or kernel share one reference
+    for name, case in CASES.items():
+        if case[:3] not in by_input:
+            by_input[case[:3]] = one_process(name)
+    return {name: by_input[case[:3]] for name, case in CASES.items()}
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda p: f"P{p}")
@@ -154,15 +161,20 @@ def test_the_gradients_compared_are_not_trivial(reference):
 # ---- the shard layout, without processes -------------------------------------------------
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
 @pytest.mark.parametrize("T,P", [(8192, 4), (1001, 4), (7, 2), (3, 4)])
-def test_shards_cover_the_sequence_once_in_order_with_the_end_padded(T, P):
-    shards = [SequenceShard(r, P, T) for r in range(P)]
+def test_shards_cover_the_sequence_once_with_the_end_padded(T, P, layout):
+    shards = [SequenceShard(r, P, T, layout) for r in range(P)]
+    padded = shards[0].padded
+    assert padded >= T and padded - T < P * (2 if layout == "zigzag" else 1)
     x = torch.arange(T)[None] + 1
-    taken = torch.cat([s.take(x) for s in shards], dim=1)  # (1, padded)
-    assert taken.shape[1] == shards[0].padded and shards[0].padded - T < P
-    assert torch.equal(taken[0, :T], x[0]) and (taken[0, T:] == 0).all()
-    positions = torch.cat([s.positions() for s in shards], dim=1)
-    assert torch.equal(positions[0], torch.arange(shards[0].padded))
+    taken = torch.cat([s.take(x) for s in shards], dim=1)[0]  # (padded,) in rank order
+    positions = torch.cat([s.positions() for s in shards], dim=1)[0]
+    assert torch.equal(positions.sort().values, torch.arange(padded))  # every position once
+    assert torch.equal(taken, torch.where(positions < T, positions + 1, 0))  # each token at its position
+    if layout == "zigzag":  # head and tail: every rank the same causal work
+        work = [int((s.positions()[0] + 1).sum()) for s in shards]
+        assert len(set(work)) == 1, work
 
 
 @pytest.mark.parametrize("past", [0, 5, 12])

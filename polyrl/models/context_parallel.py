@@ -1,34 +1,38 @@
 """Context parallelism: one long sequence's forward split over the P ranks of a process group.
 
-Layout: contiguous shards. The sequence (length T) is padded at the end to a multiple of P
-and rank r holds tokens [r·S, (r+1)·S), S = T_padded / P (`SequenceShard`). Padding at the
-end is exact: under causal attention no real token sees a later one, and the caller's loss
-mask leaves the pad tokens out. Each rank embeds its own tokens, rotates them with RoPE at
-their global positions (`SequenceShard.positions`, passed to `Transformer.hidden`), and
-runs every layer on its S tokens only; only attention needs other ranks' tokens.
+Layout (`SequenceShard`, LAYOUTS). The sequence (length T) is padded at the end to a
+multiple of the chunk count and cut into chunks of C tokens:
+- "contiguous": P chunks, rank r holds chunk r;
+- "zigzag" (head-tail): 2P chunks, rank r holds chunks r and 2P-1-r, so every rank has
+  the same causal attention work (with contiguous chunks rank r has (r+1)/P of the last's).
+Padding at the end is exact: under causal attention no real token sees a later one, and the
+caller's loss mask leaves the pad tokens out. Each rank embeds its own tokens, rotates them
+with RoPE at their global positions (`SequenceShard.positions`, passed to
+`Transformer.hidden`), and runs every layer on its tokens only; only attention needs other
+ranks' tokens.
 
 Attention (`GatheredKVAttention`): an all-gather of keys and values (one collective per
-layer, K and V stacked), as in Llama 3's context parallelism. Rank r keeps the shards of
-ranks 0..r-1 (all before its queries, so all visible) and attends over them and, causally,
-over its own. The gather is differentiable: its backward is a reduce-scatter, so the
-gradient of each rank's K/V is the sum of what every rank's queries sent back to it. Two
-kernels compute the same attention:
-- "split" (CPU): two unmasked flash-kernel calls, earlier ranks' keys and its own (causal),
-  merged by their log-sum-exps, with the exact blockwise backward (`_PrefixAndDiagonal`);
-- "masked" (any device): one SDPA call over the gathered prefix with an (S, r·S + S) mask
-  built from global positions. On CPU it is slower, and the mask costs memory.
+layer, K and V stacked), as in Llama 3's context parallelism. A chunk's queries see every
+earlier chunk in full and their own chunk causally. The gather is differentiable: its
+backward is a reduce-scatter, so the gradient of each rank's K/V is the sum of what every
+rank's queries sent back to it. Two kernels compute the same attention:
+- "split" (CPU): per chunk, two unmasked flash-kernel calls, the earlier chunks' keys and
+  its own (causal), merged by their log-sum-exps, with the exact blockwise backward
+  (`_PrefixAndDiagonal`);
+- "masked" (any device): one SDPA call over the gathered keys with a mask built from global
+  positions. On CPU it is slower, and the (S, keys) mask costs memory.
 
-Why all-gather and contiguous shards, not a ring or zig-zag:
-- Exactness first: each rank's attention is over the same keys as one process's, with one
+Why all-gather, not a ring:
+- Exactness first: each chunk's attention is over the same keys as one process's, with one
   merge of two blocks, not P steps of online-softmax rescaling.
-- Memory: activations are 1/P per rank except keys and values: rank r holds r·S + S
-  positions of K and V per layer for the backward (the last rank the full T). With GQA these
-  are small (2·n_kv·hd numbers per token per layer, against the hidden states and MLP
-  activations). A ring would hold S of them, at the price of P blockwise steps per layer
+- Memory: activations are 1/P per rank except keys and values kept for the backward:
+  contiguous, rank r keeps (r+1)·S positions of K and V per layer (the last rank all T);
+  zigzag, every rank about T (its tail chunk sees nearly all keys). With GQA these are
+  small (2·n_kv·hd numbers per token per layer, against the hidden states and MLP
+  activations). A ring would keep S per rank, at the price of P blockwise steps per layer
   and a ring of sends in the backward too.
-- Balance: rank r does (r+1)/P of the last rank's attention work. Zig-zag (rank r holds
-  chunks r and 2P-1-r) would balance it; `SequenceShard` and the block split are the only
-  places that would change.
+- Zigzag is the default of train/context_parallel.py: the most any rank holds is the same
+  as contiguous (about T keys), and the work is balanced, so no rank waits for the last.
 
 Out of scope: packed rows (document masks across shards), padding masks other than the end,
 dynamic NTK RoPE left unpinned (`Rotary.per_call`: its base would differ per rank), KV caches.
@@ -44,6 +48,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
+LAYOUTS = ("contiguous", "zigzag")
+"""How the sequence is dealt to the ranks: "contiguous" = rank r holds chunk r of P;
+"zigzag" = rank r holds chunks r and 2P-1-r of 2P (head and tail: equal causal work)."""
+
+
 @dataclass(frozen=True)
 class SequenceShard:
     """Which part of a length-`length` sequence rank `rank` of `world_size` holds."""
@@ -52,36 +61,49 @@ class SequenceShard:
     world_size: int
     length: int
     """T, the real (unpadded) sequence length"""
+    layout: str = "contiguous"
+    """one of LAYOUTS"""
 
     def __post_init__(self) -> None:
         assert 0 <= self.rank < self.world_size and self.length > 0, self
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout {self.layout!r}: must be one of {', '.join(LAYOUTS)}")
+
+    @property
+    def chunk(self) -> int:
+        """C: tokens per chunk (P chunks of the padded sequence, or 2P for zigzag)."""
+        chunks = self.world_size * (2 if self.layout == "zigzag" else 1)
+        return -(-self.length // chunks)
+
+    def chunk_ids(self, rank: int | None = None) -> tuple[int, ...]:
+        """The chunks `rank` (default this one) holds, in its local order."""
+        r = self.rank if rank is None else rank
+        return (r, 2 * self.world_size - 1 - r) if self.layout == "zigzag" else (r,)
 
     @property
     def size(self) -> int:
-        """S: tokens per rank, the padded length divided by P."""
-        return -(-self.length // self.world_size)
+        """S: tokens per rank."""
+        return self.chunk * len(self.chunk_ids())
 
     @property
     def padded(self) -> int:
-        """P·S: the length after padding the end to a multiple of P."""
+        """P·S: the length after padding the end (a multiple of the chunk count)."""
         return self.size * self.world_size
 
-    @property
-    def start(self) -> int:
-        return self.rank * self.size
-
-    def positions(self, batch: int = 1, device: torch.device | str = "cpu") -> Tensor:
-        """(batch, S) global positions of this rank's tokens (pad tokens continue past T)."""
-        return torch.arange(self.start, self.start + self.size, device=device).expand(batch, self.size)
+    def positions(self, batch: int = 1, device: torch.device | str = "cpu", rank: int | None = None) -> Tensor:
+        """(batch, S) global positions of `rank`'s tokens (default this rank; pad tokens continue past T)."""
+        C = self.chunk
+        pos = torch.cat([torch.arange(c * C, (c + 1) * C, device=device) for c in self.chunk_ids(rank)])
+        return pos.expand(batch, self.size)
 
     def take(self, x: Tensor, pad: float | int = 0, dim: int = 1) -> Tensor:
-        """This rank's slice along `dim` of a full-length (T) tensor, padded at the end with `pad`."""
+        """This rank's tokens along `dim` of a full-length (T) tensor, padded at the end with `pad`."""
         assert x.shape[dim] == self.length, (x.shape, dim, self.length)
         if self.padded > self.length:
             shape = list(x.shape)
             shape[dim] = self.padded - self.length
             x = torch.cat((x, x.new_full(shape, pad)), dim=dim)
-        return x.narrow(dim, self.start, self.size)
+        return torch.cat([x.narrow(dim, c * self.chunk, self.chunk) for c in self.chunk_ids()], dim=dim)
 
 
 class _GatherPrefix(torch.autograd.Function):
@@ -173,20 +195,42 @@ class GatheredKVAttention:
         if kernel == "split" and device.type != "cpu":
             raise ValueError(f"kernel 'split' runs on CPU only, not {device}: use 'masked'")
         self.shard, self.group, self.kernel = shard, group, kernel
+        P, r = shard.world_size, shard.rank
+        # ranks whose keys this rank gathers: contiguous, the ones up to itself (its causal prefix)
+        # or before it (split: its own keys stay local); zigzag, all (its tail chunk sees most of them)
+        if shard.layout == "zigzag":
+            self.keep = P
+        else:
+            self.keep = r + 1 if kernel == "masked" else r
         self.mask: Tensor | None = None
         if kernel == "masked":
-            keys = shard.start + shard.size  # the causal prefix this rank's queries see
-            q_pos = torch.arange(shard.start, keys, device=device)[:, None]  # (S, 1)
-            self.mask = torch.arange(keys, device=device)[None, :] <= q_pos  # (S, keys)
+            q_pos = shard.positions(device=device)[0]  # (S,)
+            k_pos = torch.cat([shard.positions(device=device, rank=j)[0] for j in range(self.keep)])  # (keys,)
+            self.mask = k_pos[None, :] <= q_pos[:, None]  # (S, keys)
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         # q (B, nh, S, hd); k, v (B, nkv, S, hd): this rank's tokens, RoPE at global positions
-        rank = self.shard.rank
+        kv = gather_prefix(torch.stack((k, v)), self.keep, self.group)  # (2, B, nkv, keep·S, hd)
         if self.kernel == "masked":
-            kv = gather_prefix(torch.stack((k, v)), rank + 1, self.group)  # (2, B, nkv, keys, hd)
             return F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=self.mask, enable_gqa=True)
-        past = gather_prefix(torch.stack((k, v)), rank, self.group)  # (2, B, nkv, r·S, hd): earlier ranks'
-        return _PrefixAndDiagonal.apply(q.contiguous(), k.contiguous(), v.contiguous(), past[0], past[1])
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        if self.shard.layout == "contiguous":  # kv: the earlier ranks' keys, all visible
+            return _PrefixAndDiagonal.apply(q, k, v, kv[0], kv[1])
+        # zigzag: gathered rank j's block is [chunk j; chunk 2P-1-j]. Chunk c's queries see
+        # chunks 0..c-1 in full and their own causally; the head chunk's visible keys are a
+        # prefix of the tail chunk's, so both are views of one tensor.
+        C, S, (head, tail) = self.shard.chunk, self.shard.size, self.shard.chunk_ids()
+
+        def chunk_of(c: int) -> Tensor:  # (2, B, nkv, C, hd)
+            j = c if c < self.shard.world_size else 2 * self.shard.world_size - 1 - c
+            offset = j * S + (0 if c < self.shard.world_size else C)
+            return kv[:, :, :, offset:offset + C]
+
+        seen = torch.cat([chunk_of(c) for c in range(tail)], dim=3)  # (2, B, nkv, tail·C, hd)
+        out_head = _PrefixAndDiagonal.apply(q[:, :, :C], k[:, :, :C], v[:, :, :C],
+                                            seen[0, :, :, :head * C], seen[1, :, :, :head * C])
+        out_tail = _PrefixAndDiagonal.apply(q[:, :, C:], k[:, :, C:], v[:, :, C:], seen[0], seen[1])
+        return torch.cat((out_head, out_tail), dim=2)
 
 
 def sharded_hidden(model, input_ids: Tensor, shard: SequenceShard, group: dist.ProcessGroup | None = None,

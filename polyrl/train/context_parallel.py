@@ -2,8 +2,9 @@
 
 `trainer.context_parallel: P` splits a sequence too long for one process's activations
 across the P ranks of a torch.distributed group (gloo on CPU, nccl on CUDA; the same
-code). The forward is models/context_parallel.py's: each rank runs its contiguous shard of
-the tokens and gathers keys and values per layer. Here is what makes the ranks' pieces add
+code). The forward is models/context_parallel.py's: each rank runs its shard of the tokens
+(zigzag by default: chunks r and 2P-1-r of 2P, equal causal work) and gathers keys and
+values per layer. Here is what makes the ranks' pieces add
 up to the one-process step:
 - the loss: every per-token loss of rl/loss.py is a sum over counted tokens divided by a
   count. Each rank sums its own tokens and divides by the GLOBAL count (an all-reduce of
@@ -13,7 +14,7 @@ up to the one-process step:
   gradients to the rank whose tokens made those keys), and `all_reduce_grads` sums the
   shares, so every rank holds the one-process gradient and takes the same optimizer step.
 Tested (tests/test_context_parallel.py) on CPU with gloo, P = 2 and 4 on an 8,192-token
-sequence: loss and every parameter gradient equal one process's to 1e-5.
+sequence, both layouts: loss and every parameter gradient equal one process's to 1e-5.
 
 Launching: like train/distributed.py, from the environment torchrun sets (RANK,
 WORLD_SIZE, MASTER_ADDR, MASTER_PORT), with WORLD_SIZE = P: `torchrun --nproc-per-node P
@@ -42,17 +43,18 @@ from polyrl.train.distributed import ENV
 
 class ContextParallel:
     """This process's part of a context-parallel group: rank `rank` of `world_size`.
-    kernel: the attention kernel (models/context_parallel.py KERNELS; auto = by device)."""
+    layout, kernel: how the sequence is dealt and the attention kernel (models/context_parallel.py
+    LAYOUTS, KERNELS)."""
 
     def __init__(self, rank: int, world_size: int, device: torch.device, group: dist.ProcessGroup | None = None,
-                 kernel: str = "auto") -> None:
+                 layout: str = "zigzag", kernel: str = "auto") -> None:
         assert dist.is_initialized() and dist.get_world_size(group) == world_size and dist.get_rank(group) == rank
         self.rank, self.world_size, self.device, self.group = rank, world_size, device, group
-        self.kernel = kernel
+        self.layout, self.kernel = layout, kernel
 
     def shard(self, length: int) -> SequenceShard:
         """This rank's part of a sequence of `length` tokens."""
-        return SequenceShard(self.rank, self.world_size, length)
+        return SequenceShard(self.rank, self.world_size, length, self.layout)
 
     def sum(self, t: Tensor) -> Tensor:
         """t summed over the ranks, detached."""
