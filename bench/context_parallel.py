@@ -1,6 +1,7 @@
 """Context parallelism, measured: peak memory per process and step time for P = 1, 2, 4.
 
-    python bench/context_parallel.py [--lengths 8192,16384] [--ps 1,2,4] [--layouts zigzag,contiguous] [--steps 2]
+    python bench/context_parallel.py [--lengths 8192,16384] [--ps 1,2,4] [--layouts zigzag,contiguous]
+                                     [--steps 2]
                                      [--hidden 128] [--layers 2] [--heads 8] [--kv-heads 2]
 
 One step is the forward of one sequence, the token-level policy loss, the backward and
@@ -90,8 +91,7 @@ def worker(rank: int, world_size: int, port: int, args, length: int, layout: str
         from polyrl.train import context_parallel as cp_mod
 
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        cp = cp_mod.init_from_env(world_size, "cpu")
-        cp.layout = layout
+        cp = cp_mod.init_from_env(world_size, "cpu", layout)
     model, x = build(args, length)
 
     def step() -> None:

@@ -66,7 +66,8 @@ class ContextParallel:
         """input_ids, targets (B, T) the whole sequence (on every rank) -> (B, S) log p(target)
         of this rank's tokens (a collective); pad positions past T have target 0."""
         shard = self.shard(input_ids.shape[1])
-        hidden = sharded_hidden(model, shard.take(input_ids).to(self.device), shard, self.group, self.kernel)  # (B, S, D)
+        ids = shard.take(input_ids).to(self.device)  # (B, S)
+        hidden = sharded_hidden(model, ids, shard, self.group, self.kernel)  # (B, S, D)
         logits = model.lm_head(hidden).float()  # (B, S, V)
         return token_logprobs(logits, shard.take(targets).to(self.device), temperature)
 
@@ -104,10 +105,11 @@ def policy_loss(cp: ContextParallel, model, input_ids: Tensor, targets: Tensor, 
     return loss, float(cp.sum(loss))
 
 
-def init_from_env(size: int, device: str = "auto") -> ContextParallel:
+def init_from_env(size: int, device: str = "auto", layout: str = "zigzag",
+                  kernel: str = "auto") -> ContextParallel:
     """The context-parallel group of trainer.context_parallel = size > 1 ranks, from the
     environment torchrun sets (WORLD_SIZE must equal size). CPU: gloo; CUDA: nccl on
-    cuda:LOCAL_RANK."""
+    cuda:LOCAL_RANK. layout, kernel: see ContextParallel."""
     assert size > 1, "context_parallel 1 is the ordinary one-process forward"
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size != size:
@@ -124,4 +126,4 @@ def init_from_env(size: int, device: str = "auto") -> ContextParallel:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", rank=rank, world_size=world_size,
                                 device_id=dev if dev.type == "cuda" else None)
-    return ContextParallel(rank, world_size, dev)
+    return ContextParallel(rank, world_size, dev, layout=layout, kernel=kernel)
