@@ -200,6 +200,11 @@ class TrainerConfig(BaseModel):
     iw_cap: float = Field(2.0, ge=1, le=100)
     """with max_staleness > 0, the importance weight pi_prox / mu of decoupled PPO is clamped at
     this (rl/offpolicy.py); 1..100"""
+    context_parallel: int = Field(1, ge=1, le=1024)
+    """P: split each long sequence's forward and backward across P processes (all-gathered keys
+    and values; polyrl/train/context_parallel.py). 1 = no split; P > 1 needs a torchrun-style
+    launch with WORLD_SIZE = P, like the data-parallel trainer, and `polyrl train` does not use it
+    yet (a run setting it stops with an error); 1..1024"""
 
 
 class EvalConfig(BaseModel):

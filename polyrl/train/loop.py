@@ -100,6 +100,9 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
     if dp.world_size > 1:
         raise RuntimeError("polyrl train runs its trainer in one process; data-parallel ranks (WORLD_SIZE > 1) "
                            "are polyrl.train.distributed's, not yet wired into this loop")
+    if cfg.trainer.context_parallel > 1:
+        raise RuntimeError(f"trainer.context_parallel: {cfg.trainer.context_parallel} is not wired into polyrl train "
+                           "yet (polyrl.train.context_parallel runs under a torchrun launch); set it to 1")
     model_dir = resolve_model_dir(cfg.model.path, log=log)
     policy, tokenizer = load_policy(model_dir, cfg.model.dtype)
     specs = build_domains(cfg, verifiers=False).specs
