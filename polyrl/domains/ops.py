@@ -16,8 +16,9 @@ reference solver, retries included; tests/test_ops_domain.py pins the ranges):
     3      2         7-11                  2               1-2        ~20-40
     4      3         12-20                 3-5             2-4        ~40-100
 
-Splits: a stable hash of the generator seed and level (`hash_split`), decided before the
-world is built, so train and held-out never share a generator seed.
+Splits: a stable hash of the request (`hash_split` of the prompt, as in the agent domain),
+decided before the world is built: a held-out request is never made in training, whatever
+its world. One `sample` never repeats a request (level 1 has a few hundred).
 
 Task data: world (the initial world's JSON), subtasks, gold_changes (what the reference
 changes: orders/bookings -> {status, refunded}, stock -> units), min_calls (the
@@ -87,10 +88,7 @@ class OpsDomain:
 
     def _draw(self, rng: random.Random, split: str) -> tuple[str, Task] | None:
         level = rng.choices(self.levels, self.weights)[0]
-        task_seed = rng.randrange(2**32)
-        if hash_split(f"ops|{level}|{task_seed}") != split:
-            return None
-        return make_task(task_seed, level, split)
+        return make_task(rng.randrange(2**32), level, split)
 
     @staticmethod
     def toolbox(task: Task) -> ToolBox:
@@ -98,12 +96,16 @@ class OpsDomain:
         return toolbox_for_task(task)
 
 
-def make_task(task_seed: int, level: int, split: str) -> tuple[str, Task]:
-    """The task of (seed, level): its world, request, reference solution and gold changes."""
+def make_task(task_seed: int, level: int, split: str) -> tuple[str, Task] | None:
+    """The task of (seed, level), keyed by its prompt: its world, request, reference solution
+    and gold changes; None when its request belongs to the other split."""
     rng = random.Random(f"ops-task|{level}|{task_seed}")
     shape = LEVEL_SHAPES[level]
     customers = rng.sample(CUSTOMERS, rng.randint(*shape.subtasks) + 1)  # the last one only as a distractor
     subtasks = [_subtask(rng, kind, who) for kind, who in zip(_kinds(rng, len(customers) - 1), customers)]
+    text = prompt(subtasks)
+    if hash_split(text) != split:  # decided before the world is built
+        return None
     world = _world(rng, subtasks, customers[-1], shape)
     first = solve(world.to_json(), subtasks)
     keys = sorted({call_key(c["name"], c["arguments"]) for c in first.calls})
@@ -113,10 +115,8 @@ def make_task(task_seed: int, level: int, split: str) -> tuple[str, Task]:
     changes = state_changes(World.from_json(world.to_json()).state(), solution.state)
     data = {"world": world.to_json(), "subtasks": subtasks, "gold_changes": changes,
             "min_calls": len(solution.calls), "reference_calls": solution.calls, "seed": task_seed}
-    text = prompt(subtasks)
-    key = json.dumps([text, data["world"]], sort_keys=True)
-    sha = hashlib.sha256(key.encode()).hexdigest()
-    return key, Task(id=f"ops-{split}-{level}-{sha[:10]}", domain="ops", prompt=text, split=split,
+    sha = hashlib.sha256(json.dumps([text, data["world"]], sort_keys=True).encode()).hexdigest()
+    return text, Task(id=f"ops-{split}-{level}-{sha[:10]}", domain="ops", prompt=text, split=split,
                      difficulty=level, data=data)
 
 
