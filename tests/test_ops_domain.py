@@ -215,7 +215,8 @@ def test_a_run_files_episode_budget_stops_rl_rollouts_on_budget(tmp_path, by_lev
     scores = {}
     for budget in (None, 6000):
         extra = f", episode_tokens: {budget}" if budget else ""
-        domains = build_domains(load_config_text(f"rl_tasks:\n  - {{domain: ops, weight: 1, max_tokens: 200{extra}}}\n"))
+        run_file = f"rl_tasks:\n  - {{domain: ops, weight: 1, max_tokens: 200{extra}}}\n"
+        domains = build_domains(load_config_text(run_file))
         spec = domains.specs["ops"]
         assert spec.agent is not None and spec.agent.episode_tokens == budget and spec.agent.max_steps == 150
         rollout = Rollout(ReferenceEngine(tok, task), tok, domains.specs)

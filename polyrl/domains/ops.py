@@ -10,11 +10,14 @@ count with the gold state, so an extra refund or a restock nobody asked for fail
 Levels raise the entities, the subtasks and the failures on the way (calls of the
 reference solver, retries included; tests/test_ops_domain.py pins the ranges):
 
-    level  subtasks  entities per subtask  "service busy"  approvals  calls
-    1      1         2-3                   0               0          ~2-6
-    2      1-2       4-7                   1               0-1        ~8-20
-    3      2         7-11                  2               1-2        ~20-40
-    4      3         12-20                 3-5             2-4        ~40-100
+    level  subtasks  entities per subtask  busy calls  approvals  calls (min-median-max)
+    1      1         4-5                   0           0          3-3-9
+    2      1-2       5-8                   1           0-1        4-11-21
+    3      2         11-15                 2-3         1-2        17-32-41
+    4      3         15-26                 3-6         2-4        51-69-84
+
+(200 train tasks per level; a busy call fails once, at level 4 sometimes twice; every
+world also holds a bystander customer's late order and booking, which must stay as they are.)
 
 Splits: a stable hash of the request (`hash_split` of the prompt, as in the agent domain),
 decided before the world is built: a held-out request is never made in training, whatever
@@ -59,7 +62,7 @@ class Level:
     approvals: tuple[int, int]
 
 
-LEVEL_SHAPES = {1: Level((1, 1), (3, 4), (0, 0), (0, 0)), 2: Level((1, 2), (5, 8), (1, 1), (0, 1)),
+LEVEL_SHAPES = {1: Level((1, 1), (4, 5), (0, 0), (0, 0)), 2: Level((1, 2), (5, 8), (1, 1), (0, 1)),
                 3: Level((2, 2), (11, 15), (2, 3), (1, 2)), 4: Level((3, 3), (15, 26), (3, 6), (2, 4))}
 
 _RULES = (f"Listings are paginated: read every page. A refund or cancellation over {APPROVAL_LIMIT} needs "

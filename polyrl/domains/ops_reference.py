@@ -35,7 +35,8 @@ MAX_RETRIES = 10
 
 _ORDER_ROW = re.compile(r"^(O-\d+) (\w+) total (\d+)$", re.M)
 _BOOKING_ROW = re.compile(r"^(B-\d+) day (\d+) deposit (\d+) (\w+)$", re.M)
-_ORDER = re.compile(r"item (\w+) x(\d+), total (\d+), status (\w+), promised day (\d+), delivered (?:day (\d+)|not yet)")
+_ORDER = re.compile(r"item (\w+) x(\d+), total (\d+), status (\w+), promised day (\d+), "
+                    r"delivered (?:day (\d+)|not yet)")
 
 
 @dataclass

@@ -90,7 +90,8 @@ class World:
 
     def state(self) -> dict[str, Any]:
         """What success is judged on: every order's and booking's status and refund, and the stock."""
-        return {"orders": {k: {"status": o["status"], "refunded": o["refunded"]} for k, o in sorted(self.orders.items())},
+        return {"orders": {k: {"status": o["status"], "refunded": o["refunded"]}
+                           for k, o in sorted(self.orders.items())},
                 "bookings": {k: {"status": b["status"], "refunded": b["refunded"]}
                              for k, b in sorted(self.bookings.items())},
                 "stock": dict(sorted(self.stock.items()))}
