@@ -232,7 +232,9 @@ def test_a_run_files_episode_budget_stops_rl_rollouts_on_budget(tmp_path, by_lev
             for e in episodes:
                 spent = sum(s.charged for s in e.result.steps)
                 assert spent <= budget and any(ev["event"] == "budget.exhausted" for ev in e.result.events)
-                assert any(ev["event"].startswith("context.") for ev in e.result.events)  # compressed first
+                events = [ev["event"] for ev in e.result.events]
+                assert any(ev.startswith("context.") for ev in events)  # compressed first
+                assert "episode.conclude" in events and e.result.conclusion  # then a stage conclusion
         domains.close()
     assert scores[None] == [1.0, 1.0] and scores[6000] == [0.0, 0.0]
 

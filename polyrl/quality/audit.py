@@ -33,10 +33,10 @@ from polyrl.quality.code_probes import code_probes
 from polyrl.quality.findings import TaskAudit
 from polyrl.quality.independent import suspicious
 from polyrl.quality.math_probes import gold_problems, math_probes, reference_probe
-from polyrl.quality.plugin_probes import has_reference, plugin_probes, references
-from polyrl.quality.plugin_probes import reference_probe as plugin_reference_probe
 from polyrl.quality.ops_probes import ops_probes
 from polyrl.quality.ops_probes import reference_probe as ops_reference_probe
+from polyrl.quality.plugin_probes import has_reference, plugin_probes, references
+from polyrl.quality.plugin_probes import reference_probe as plugin_reference_probe
 from polyrl.quality.policy import Policy, pass_at_k
 from polyrl.quality.probes import Probe, findings_for, holds, why
 from polyrl.quality.scoring import Progress, Scorer, stderr_progress

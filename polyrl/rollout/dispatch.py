@@ -6,9 +6,8 @@
 Tasks of a domain whose spec has `agent` settings run as multi-turn episodes
 (episodes.py), each with its own token budget when the spec sets one (`episode_tokens`:
 the loop compresses, then stops on "budget" and concludes); every other task gets G
-single-turn samples (groups.py). Both come back
-as `Group`s whose samples answer the same questions (groups.py), so reward, advantage
-and loss treat them alike.
+single-turn samples (groups.py). Both come back as `Group`s whose samples answer the
+same questions (groups.py), so reward, advantage and loss treat them alike.
 
 With a `recorder`, every model call is recorded, single-turn samples' too (groups.py),
 each with its domain (x.domain); after scoring, `record_episodes` writes each episode's
