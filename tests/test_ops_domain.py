@@ -151,6 +151,25 @@ def test_the_verifier_grades_the_final_state(top):
     assert longer.details["excess_calls"] == len(reads) - len(ref)
 
 
+@pytest.mark.parametrize("response, status", [
+    ('{"answer": "done", "actions": [{"name": "refund", "arguments": "O-1"}]}', "malformed"),
+    ('{"answer": "done", "actions": {"name": "refund"}}', "malformed"),
+    ('{"answer": "done", "world": 5}', "malformed"),
+    ('{"answer": "done", "tool_calls": -1}', "malformed"),
+    (json.dumps({"answer": "done", "actions": [{"name": "get_stock", "arguments": {"item": "pen"}}] * 5001}),
+     "malformed"),
+    (json.dumps({"answer": "done", "actions": [{"name": "__init__", "arguments": {}},
+                                               {"name": "refund", "arguments": {"order_id": "O-1", "amount": -5}},
+                                               {"name": "restock", "arguments": {"item": "pen", "qty": 0}}]}),
+     "wrong_state"),
+    ("I refunded every late order.", "wrong_state"),
+    ("", "wrong_state"),
+])
+def test_hostile_records_score_zero(by_level, response, status):
+    [score] = WorldState().score([by_level[1][0]], [response])
+    assert (score.value, score.details["status"]) == (0.0, status)
+
+
 def test_a_scripted_agent_episode_is_graded_on_the_world_it_left(by_level):
     task = by_level[2][0]
     ref = task.data["reference_calls"]
@@ -265,3 +284,22 @@ def test_probes_cover_the_failures_the_task_has(top):
     names = [p.name for p in ops_probes(top)]
     assert "the reference without its retries of busy calls" in names
     assert any(n.startswith("the reference plus a refund") for n in names)
+
+
+def test_one_training_step_on_ops(tmp_path):
+    """The run file's ops entry trains: metrics count budget stops, trajectories carry the world."""
+    from polyrl.train.loop import train
+    from tests.helpers import random_model_dir
+
+    cfg = load_config_text(f"""
+rl_tasks:
+  - {{domain: ops, weight: 1.0, max_steps: 3, max_tokens: 8, episode_tokens: 2500, options: {{levels: [1]}}}}
+model: {{path: {random_model_dir(tmp_path / "model")}}}
+trainer: {{steps: 1, prompts_per_step: 2, group_size: 2, checkpoint_every: 5}}
+eval: {{every: 0, heldout_per_domain: 2, samples: 1, greedy: false}}
+""")
+    result = train(cfg, tmp_path / "run", log=lambda *_: None)
+    metrics = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert "budget_stops" in metrics["domains"]["ops"] and result.after["ops"]["tasks"] == 2
+    lines = [json.loads(line) for line in (tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()]
+    assert len(lines) == 4 and all(line["episode"]["world"] and "success" in line["details"] for line in lines)
