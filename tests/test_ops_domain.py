@@ -183,6 +183,15 @@ def test_a_scripted_agent_episode_is_graded_on_the_world_it_left(by_level):
     assert live.value == from_file.value == 1.0 and "world_mismatch" not in live.details
 
 
+def test_the_demonstration_is_the_reference_episode(top):
+    demo = OpsDomain.demonstration(top)
+    ref = top.data["reference_calls"]
+    assert [m["role"] for m in demo] == ["system", "user"] + ["assistant", "tool"] * len(ref) + ["assistant"]
+    busy = sum(top.data["world"]["busy"].values())
+    assert sum("service busy" in m["content"] for m in demo if m["role"] == "tool") == busy
+    assert demo[-1]["content"] == format_answer("done")
+
+
 def test_read_only_records_are_unchanged():
     """A domain without state writes the record it always wrote (no actions, no world keys)."""
     assert set(EpisodeOutcome("5", 2, 10).to_json()) == {"answer", "steps", "tokens", "input_tokens",
@@ -303,3 +312,16 @@ eval: {{every: 0, heldout_per_domain: 2, samples: 1, greedy: false}}
     assert "budget_stops" in metrics["domains"]["ops"] and result.after["ops"]["tasks"] == 2
     lines = [json.loads(line) for line in (tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()]
     assert len(lines) == 4 and all(line["episode"]["world"] and "success" in line["details"] for line in lines)
+
+
+def test_polyrl_agent_runs_ops_tasks_graded_on_the_world(tmp_path, capsys):
+    from polyrl.cli import main as cli_main
+    from tests.helpers import random_model_dir
+
+    run_dir = tmp_path / "run"
+    code = cli_main(["agent", "--domain", "ops", "--levels", "1", "--model", str(random_model_dir(tmp_path / "m")),
+                     "--max-steps", "2", "--max-tokens", "8", "--budget", "3000", "--run-dir", str(run_dir), "--json"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    [episode] = [json.loads(line) for line in (run_dir / "agent_episodes.jsonl").read_text().splitlines()]
+    assert episode["task_id"].startswith("ops-heldout-1-") and episode["world"] and not summary["successes"]

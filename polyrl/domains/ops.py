@@ -40,7 +40,9 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from polyrl.agent.tools import ToolBox
+from polyrl.agent.call_format import format_answer, format_call, system_prompt
+from polyrl.agent.model import Message
+from polyrl.agent.tools import ToolBox, ToolCall
 from polyrl.domains.agent_world import ITEMS
 from polyrl.domains.generated import check_levels, draw_distinct
 from polyrl.domains.ops_reference import SUBTASK_KINDS, solve
@@ -97,6 +99,23 @@ class OpsDomain:
     def toolbox(task: Task) -> ToolBox:
         """Fresh tools over a fresh world of `task` (one per episode)."""
         return toolbox_for_task(task)
+
+    @staticmethod
+    def demonstration(task: Task) -> list[Message]:
+        """The reference episode, for supervised warm-up before RL: system, user, then
+        (assistant call, tool result) per reference call, busy answers and retries included,
+        and the final <answer>done</answer>. Results come from the task's world through the
+        same ToolBox the agent loop runs."""
+        tools = toolbox_for_task(task)
+        messages: list[Message] = [{"role": "system", "content": system_prompt(tools, "compact")},
+                                   {"role": "user", "content": task.prompt}]
+        for k, ref in enumerate(task.data["reference_calls"]):
+            call = ToolCall(f"call_{k}_0", ref["name"], dict(ref["arguments"]))
+            outcome = tools.run(call)
+            messages.append({"role": "assistant", "content": format_call(ref["name"], ref["arguments"])})
+            messages.append({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": outcome.content})
+        messages.append({"role": "assistant", "content": format_answer("done")})
+        return messages
 
 
 def make_task(task_seed: int, level: int, split: str) -> tuple[str, Task] | None:
