@@ -130,9 +130,9 @@ def make_task(task_seed: int, level: int, split: str) -> tuple[str, Task] | None
         return None
     world = _world(rng, subtasks, customers[-1], shape)
     first = solve(world.to_json(), subtasks)
-    keys = sorted({call_key(c["name"], c["arguments"]) for c in first.calls})
-    world.busy = {k: 1 + (level == 4 and rng.random() < 0.3) for k in rng.sample(keys, min(len(keys),
-                                                                                           rng.randint(*shape.busy)))}
+    keys = sorted({call_key(c["name"], c["arguments"]) for c in first.calls})  # calls every solution makes
+    busy = rng.sample(keys, min(len(keys), rng.randint(*shape.busy)))
+    world.busy = {k: 2 if level == 4 and rng.random() < 0.3 else 1 for k in busy}
     solution = solve(world.to_json(), subtasks)
     changes = state_changes(World.from_json(world.to_json()).state(), solution.state)
     data = {"world": world.to_json(), "subtasks": subtasks, "gold_changes": changes,

@@ -1,7 +1,7 @@
 """The ops domain's reference solver: a scripted agent that plays a task through the tools.
 
 It knows only what an agent knows: the request (the task's `subtasks`) and the approval
-limit the tools' descriptions state. Everything else it reads from tool results, parsed
+limit the prompt and the tools' descriptions state (read from the world's JSON). Everything else it reads from tool results, parsed
 from the same text a model reads: it walks every page of a listing, opens each delivered
 order to see whether it came late, approves before a refund or cancellation over the
 limit, merges restocks of one item into one call, and repeats a call the world answers
