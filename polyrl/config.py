@@ -101,7 +101,12 @@ class RLTask(BaseModel):
     check_accuracy; the reward-hacking detector flags a reward that rises while it does not);
     null = the domain's default check (alignment: rule_check), if it has one"""
     max_steps: int = Field(8, gt=0, le=10_000)
-    """agent domains: model calls an episode may make before it must answer (at most 10,000)"""
+    """agent domains: model calls an episode may make before it must answer (at most 10,000); when
+    the run file leaves it out, a domain's own default if it has one (ops: 150), else 8"""
+    episode_tokens: int | None = Field(None, gt=0, le=2**40)
+    """agent domains: token budget of each episode in training and held-out rollouts (prompt +
+    completion tokens of every model call, polyrl/agent/budget.py); as it runs out the loop compresses
+    the context, then stops with "budget" and asks for a stage conclusion; null = no budget"""
     on_flag: OnFlag = Field(default_factory=OnFlag)
     """what a reward-hacking or divergence flag on this domain does (default: nothing but the flag)"""
 

@@ -23,6 +23,7 @@ _GRADES = {
     "success_minus_cost": ("agent",),
     "rule_check": ("alignment",),
     "swe_patch": ("swe",),
+    "world_state": ("ops",),
     "preference_model": ("alignment", "math", "code", "humaneval"),
 }
 """Built-in verifier -> the built-in domains whose tasks it grades (what each reads of a task is
@@ -30,7 +31,7 @@ in its module's docstring; agent episodes only success_minus_cost scores). Verif
 (a plugin, a test's) are not checked."""
 _DEFAULT_REWARD = {"math": "answer_verify", "code": "unit_test_pass", "humaneval": "unit_test_pass",
                    "agent": "success_minus_cost", "alignment": "preference_model", "longctx": "answer_verify",
-                   "swe": "swe_patch"}
+                   "swe": "swe_patch", "ops": "world_state"}
 """Each built-in domain's default verifier (its class's default_verifier), for checking reward_options."""
 
 

@@ -119,6 +119,8 @@ class AgentResult:
     events: list[dict[str, Any]] = field(default_factory=list)
     trace_id: str = "episode"
     task_id: str | None = None
+    world: dict[str, Any] | None = None
+    """The tools' world state at the end (ToolBox.state()); None for stateless tools."""
 
     @property
     def input_tokens(self) -> int:
@@ -145,7 +147,10 @@ class AgentResult:
         """What a verifier grades: the answer and the episode's costs."""
         return EpisodeOutcome(self.answer, len(self.steps), self.tokens, self.input_tokens, self.output_tokens,
                               len(self.tool_results), sum(not r.outcome.ok for r in self.tool_results),
-                              self.stop_reason)
+                              self.stop_reason,
+                              tuple({"name": r.call.name, "arguments": r.call.arguments} for r in self.tool_results
+                                    if r.call.error is None and r.call.name is not None),
+                              self.world)
 
     def to_completion(self) -> str:
         """The outcome as a JSON episode record, for files (`polyrl score` reads it back)."""
@@ -155,7 +160,8 @@ class AgentResult:
         """The trajectory log entry: every call, every full tool result, every event."""
         return {
             "trace_id": self.trace_id, "task_id": self.task_id, "answer": self.answer,
-            "stop_reason": self.stop_reason, "conclusion": self.conclusion, **self.outcome.to_json(),
+            "stop_reason": self.stop_reason, "conclusion": self.conclusion,
+            **{k: v for k, v in self.outcome.to_json().items() if k != "actions"},  # the steps list every call
             "steps": [{
                 "index": s.index, "purpose": s.purpose, "model": s.model, "text": s.reply.text,
                 "finish_reason": s.reply.finish_reason, "error": s.reply.error, "charged": s.charged,
@@ -227,7 +233,8 @@ def agent_episode(task: str, tools: ToolBox, models: Sequence[ModelSlot], config
         conclusion, answer = yield from _conclude(stop, transcript, tools, models, slot, budget, config, emit, steps)
     emit.event(len(steps), "episode.stop", **{"x.episode.stop_reason": stop, "x.budget.spent": budget.spent,
                                                "x.budget.limit": budget.limit})
-    return AgentResult(task, answer, stop, steps, transcript, conclusion, emit.events, trace_id, task_id)
+    return AgentResult(task, answer, stop, steps, transcript, conclusion, emit.events, trace_id, task_id,
+                       tools.state())
 
 
 def run_agent(task: str, tools: ToolBox, models: Sequence[ModelSlot], config: AgentConfig = AgentConfig(),

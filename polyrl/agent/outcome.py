@@ -7,6 +7,13 @@
 Training passes the typed value from rollout to reward, so no reward function reads
 JSON. The JSON form is for files: `polyrl agent` writes it, and `polyrl score` reads it
 back from a completions file.
+
+For worlds whose tools change state (polyrl.domains.ops), an outcome also carries the
+tool calls the episode made (`actions`, in order) and the state its tools reported at
+the end (`world`, `ToolBox.state()`). A grader that must not trust the graded replays
+`actions` on a fresh world rather than believing `world` (rewards/world_state.py). Both
+are left out of the JSON record while empty, so read-only domains write what they
+always wrote.
 """
 
 from __future__ import annotations
@@ -32,9 +39,19 @@ class EpisodeOutcome:
     tool_errors: int = 0
     stop_reason: str | None = None
     """Why the episode stopped (loop.STOP_REASONS); None when not recorded."""
+    actions: tuple[dict[str, Any], ...] = ()
+    """Every tool call that was parsed, in order, as {"name", "arguments"} (malformed ones left out:
+    they never reach a tool)."""
+    world: dict[str, Any] | None = None
+    """The tools' world state when the episode ended (ToolBox.state()); None for stateless tools."""
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["actions"] = [dict(a) for a in self.actions]
+        for key in ("actions", "world"):
+            if not out[key]:
+                del out[key]
+        return out
 
     @classmethod
     def from_json(cls, text: str) -> EpisodeOutcome | None:
@@ -54,6 +71,15 @@ class EpisodeOutcome:
         bad = [k for k, v in counts.items() if not (isinstance(v, int) and not isinstance(v, bool) and v >= 0)]
         if bad:
             raise ValueError(f"episode record: {', '.join(bad)} must be non-negative integers")
+        actions, world = obj.get("actions") or [], obj.get("world")
+        if not isinstance(actions, list) or not all(
+                isinstance(a, dict) and isinstance(a.get("name"), str) and isinstance(a.get("arguments", {}), dict)
+                for a in actions):
+            raise ValueError('episode record: actions must be a list of {"name": str, "arguments": object}')
+        if world is not None and not isinstance(world, dict):
+            raise ValueError("episode record: world must be an object")
         answer, stop = obj["answer"], obj.get("stop_reason")
         return cls(None if answer is None else str(answer), **counts,
-                   stop_reason=None if stop is None else str(stop))
+                   stop_reason=None if stop is None else str(stop),
+                   actions=tuple({"name": a["name"], "arguments": dict(a.get("arguments", {}))} for a in actions),
+                   world=world)

@@ -148,9 +148,12 @@ def _coerce(prop: dict[str, Any], value: Any) -> tuple[bool, Any]:
 
 
 class ToolBox:
-    """The tools of one episode. Stateful worlds give each episode a fresh ToolBox."""
+    """The tools of one episode. Stateful worlds give each episode a fresh ToolBox, and
+    may give it a `state` function: what the world looks like now, as JSON (the agent loop
+    puts it in the episode's outcome; a ToolBox that runs its tools elsewhere forwards it)."""
 
-    def __init__(self, tools: Sequence[Tool]):
+    def __init__(self, tools: Sequence[Tool], state: Callable[[], dict[str, Any]] | None = None):
+        self._state = state
         self.tools: dict[str, Tool] = {}
         for tool in tools:
             if tool.name in self.tools:
@@ -159,6 +162,10 @@ class ToolBox:
 
     def __iter__(self):
         return iter(self.tools.values())
+
+    def state(self) -> dict[str, Any] | None:
+        """The world's state now, as JSON; None for tools that keep none."""
+        return None if self._state is None else self._state()
 
     def openai_specs(self) -> list[dict[str, Any]]:
         return [t.openai_spec() for t in self.tools.values()]

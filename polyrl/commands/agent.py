@@ -2,7 +2,9 @@
 
     polyrl agent                                   1 generated held-out task, builtin:tiny
     polyrl agent --generate 20 --levels 3 4        20 generated tasks of levels 3 and 4
-    polyrl agent PACK.jsonl [--id ID ...]          tasks of an agent task pack
+    polyrl agent PACK.jsonl [--id ID ...]          tasks of an agent (or ops) task pack
+    polyrl agent --domain ops --levels 4 --max-steps 150 --budget 300000 --openai-base-url ...
+                                                   long-horizon ops tasks, graded on the world's final state
     polyrl agent --openai-base-url http://localhost:8000/v1 --openai-model Qwen/Qwen2.5-7B-Instruct
     polyrl agent --budget 600 --max-steps 6 --run-dir runs/agent-try
     polyrl agent --openai-base-url http://127.0.0.1:8000/v1 --openai-model builtin:tiny --tool-format text \
@@ -13,7 +15,8 @@ Each task runs one episode of the agent loop; the live view prints every model c
 (tokens, cache hits, budget), every tool call and result, and every budget or context
 event. The run directory gets `obs.sqlite` (read it with `polyrl obs RUN_DIR`) and
 `agent_episodes.jsonl` (one full trajectory per episode, untruncated tool results,
-reward and verdict). Episodes are scored with success_minus_cost (--alpha, --beta).
+reward and verdict). Episodes are scored with success_minus_cost (--alpha, --beta), ops
+episodes (`--domain ops`, or a pack's ops lines) with world_state.
 
 Out of scope: running episodes concurrently (they run one after another), chat
 sessions with a human, and model endpoints other than OpenAI-compatible ones.
@@ -42,6 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("pack", nargs="?", help="agent task pack (JSONL); default: generated tasks of the agent domain")
     p.add_argument("--id", action="append", default=[], help="run only this task id of the pack (repeatable)")
     p.add_argument("--generate", type=at_least(1), default=1, metavar="N", help="generated tasks to run (default 1)")
+    p.add_argument("--domain", default="agent", choices=["agent", "ops"],
+                   help="domain of generated tasks: agent (shop questions) or ops (stateful back office)")
     p.add_argument("--levels", type=int, nargs="+", default=[1, 2, 3, 4], help="levels of generated tasks")
     p.add_argument("--split", default="heldout", choices=["train", "heldout"], help="split of generated tasks")
     p.add_argument("--seed", type=int, default=0)
@@ -119,8 +124,15 @@ def _load_tasks(args: argparse.Namespace) -> list[Task]:
             tasks = [t for t in tasks if t.id in set(args.id)]
         return tasks
     from polyrl.domains.agent import AgentDomain
+    from polyrl.domains.ops import OpsDomain
 
-    return AgentDomain(levels=tuple(args.levels)).sample(args.split, args.generate, args.seed)
+    domain = OpsDomain if args.domain == "ops" else AgentDomain
+    return domain(levels=tuple(args.levels)).sample(args.split, args.generate, args.seed)
+
+
+def _is_ops(task: Task) -> bool:
+    """Whether `task` is graded on its world's final state (world_state) rather than its answer."""
+    return task.domain == "ops" or task.verifier == "world_state"
 
 
 def _model_factory(args: argparse.Namespace) -> Callable[[], list[ModelSlot]]:
@@ -181,7 +193,9 @@ def _local_fallback(spec: str, model: Any, tokenizer: Any, log: Callable[[str], 
 
 def main(args: argparse.Namespace) -> int:
     from polyrl.domains.agent import AgentDomain
+    from polyrl.domains.ops import OpsDomain
     from polyrl.rewards.success_minus_cost import SuccessMinusCost
+    from polyrl.rewards.world_state import WorldState
 
     config = AgentConfig(max_steps=args.max_steps, max_tokens=args.max_tokens, timeout_s=args.timeout)
     try:
@@ -197,7 +211,7 @@ def main(args: argparse.Namespace) -> int:
     except (FileNotFoundError, NotADirectoryError, ValueError) as exc:
         print(f"polyrl agent: --model {args.model}: {exc}", file=sys.stderr)
         return 2
-    verifier = SuccessMinusCost(alpha=args.alpha, beta=args.beta)
+    by_answer, by_state = SuccessMinusCost(alpha=args.alpha, beta=args.beta), WorldState()
     run_dir = Path(args.run_dir or f"runs/agent-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -219,9 +233,10 @@ def main(args: argparse.Namespace) -> int:
                 print(f"[{k + 1}/{len(tasks)}] {task.id}: {task.prompt}", file=view_out, flush=True)
             budget = TokenBudget(args.budget) if args.budget else None
             trace_id = f"agent-{k}-{task.id}"
-            result = run_agent(task.prompt, AgentDomain.toolbox(task), slots_for(), config, budget, recorder,
-                               trace_id, task.id)
-            score = verifier.score([task], [result.to_completion()])[0]
+            ops = _is_ops(task)
+            tools = OpsDomain.toolbox(task) if ops else AgentDomain.toolbox(task)
+            result = run_agent(task.prompt, tools, slots_for(), config, budget, recorder, trace_id, task.id)
+            score = (by_state if ops else by_answer).score([task], [result.to_completion()])[0]
             success = bool(score.details.get("success"))
             store.record(R.episode(trace_id, task.id, success=success, reward=score.value,
                                    stop_reason=result.stop_reason, steps=len(result.steps),
@@ -234,7 +249,8 @@ def main(args: argparse.Namespace) -> int:
                             "tokens": result.tokens})
             if not args.quiet:
                 verdict = "OK" if success else "WRONG"
-                print(f"  => {result.answer!r} (expected {task.answer!r}) {verdict}, reward {score.value:.3f}, "
+                expected = "the gold world state" if ops else repr(task.answer)
+                print(f"  => {result.answer!r} (expected {expected}) {verdict}, reward {score.value:.3f}, "
                       f"{result.tokens} tokens, stop: {result.stop_reason}"
                       + (f"\n  conclusion: {result.conclusion}" if result.conclusion else ""), file=view_out)
 

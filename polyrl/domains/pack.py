@@ -33,7 +33,8 @@ from polyrl.types import Task
 
 SPLITS = ("train", "heldout")
 HELDOUT_ONE_IN = 5
-DEFAULT_VERIFIERS = {"math": "answer_verify", "code": "unit_test_pass", "longctx": "answer_verify", "swe": "swe_patch"}
+DEFAULT_VERIFIERS = {"math": "answer_verify", "code": "unit_test_pass", "longctx": "answer_verify", "swe": "swe_patch",
+                     "ops": "world_state"}
 """Verifier of each domain with a known line shape; other domains name theirs per line."""
 
 _COMMON_FIELDS = {"id", "domain", "prompt", "answer", "verifier", "metadata", "split", "difficulty"}
@@ -231,6 +232,8 @@ def verifier_misfit(task: Task, verifier: str) -> str | None:
     if verifier == "swe_patch" and not all(k in task.data for k in ("package", "files", "visible_tests",
                                                                      "hidden_tests")):
         return "swe_patch grades swe tasks (package, files, visible_tests, hidden_tests); this task has none"
+    if verifier == "world_state" and not all(k in task.data for k in ("world", "gold_changes", "min_calls")):
+        return "world_state grades ops tasks (world, gold_changes, min_calls); this task has none"
     if verifier == "rule_check" and not ("intent" in task.data and "entities" in task.data):
         return "rule_check grades alignment tasks (intent and entities); this task has neither"
     return None

@@ -20,6 +20,7 @@ _DOMAINS: dict[str, str] = {
     "alignment": "polyrl.domains.alignment:AlignmentDomain",
     "longctx": "polyrl.domains.longctx:LongContextDomain",
     "swe": "polyrl.domains.swe:SweDomain",
+    "ops": "polyrl.domains.ops:OpsDomain",
 }
 PLUGINS = Plugins("polyrl.domains", "domain", _DOMAINS)
 

@@ -3,7 +3,8 @@
 1. hygiene (hygiene.py; math golds through math-verify, math_probes.gold_problems);
 2. solvability: the reference (code) or the boxed gold (math) must score full reward;
 3. probes: negative controls, mutants, exploits, equivalent rewrites and the echoed
-   prompt (code_probes.py, math_probes.py; swe patches: swe_probes.py), all tasks' probes in one batch per verifier;
+   prompt (code_probes.py, math_probes.py; swe patches: swe_probes.py; ops episode records:
+   ops_probes.py), all tasks' probes in one batch per verifier;
 4. determinism: the reference (math: and its equivalent forms) scored again `repeats`
    times by fresh verifiers; any disagreement in reward, status or per-test verdict fails;
 5. difficulty, with a policy: k samples per task, pass@1 and pass@k, tasks always or
@@ -32,6 +33,8 @@ from polyrl.quality.code_probes import code_probes
 from polyrl.quality.findings import TaskAudit
 from polyrl.quality.independent import suspicious
 from polyrl.quality.math_probes import gold_problems, math_probes, reference_probe
+from polyrl.quality.ops_probes import ops_probes
+from polyrl.quality.ops_probes import reference_probe as ops_reference_probe
 from polyrl.quality.plugin_probes import has_reference, plugin_probes, references
 from polyrl.quality.plugin_probes import reference_probe as plugin_reference_probe
 from polyrl.quality.policy import Policy, pass_at_k
@@ -41,7 +44,7 @@ from polyrl.quality.swe_probes import swe_probes
 from polyrl.rewards.registry import PLUGINS, available_verifiers, verifier_class
 from polyrl.types import Score, Task
 
-PROBED = ("unit_test_pass", "answer_verify", "swe_patch")
+PROBED = ("unit_test_pass", "answer_verify", "swe_patch", "world_state")
 _UNGRADABLE = ("tests_compile", "empty_tests", "unparsable_answer")
 
 
@@ -200,6 +203,8 @@ def _reference(task: Task, name: str, own: str | None) -> Probe | None:
         return plugin_reference_probe(own)
     if name == "answer_verify":
         return reference_probe(task)
+    if name == "world_state":
+        return ops_reference_probe(task) if isinstance(task.data.get("reference_calls"), list) else None
     if name == "swe_patch":
         reference = task.data.get("reference_patch")
         return Probe("solvability", "the reference patch", reference, "full") if isinstance(reference, str) else None
@@ -237,6 +242,8 @@ def _probes(scorer, tasks, audits, names, usable, plans, refs, own, result: Audi
             per_task[i] = code_probes(tasks[i], plans.get(i), ok, options.mutants_per_kind)
         elif names[i] == "swe_patch":
             per_task[i] = swe_probes(tasks[i])
+        elif names[i] == "world_state":
+            per_task[i] = ops_probes(tasks[i]) if i in refs else []
         else:
             per_task[i] = math_probes(tasks[i])
     items = [(i, p) for i, ps in per_task.items() for p in ps]

@@ -5,7 +5,9 @@ Expectations:
 - "full": must score full reward (the reference, equivalent rewrites of it);
 - "below": must score less than full reward (negative controls, mutants): otherwise
   the tests cannot tell this wrong answer from a right one;
-- "zero": must score 0 (exploits: any reward at all means the reward can be gamed).
+- "zero": must score 0 (exploits: any reward at all means the reward can be gamed);
+- "partial": must score above 0 and below full (a right but costly answer: a cost the
+  verifier charges must lower the reward without zeroing it).
 
 Probes that must fail run on a verifier with short per-test timeouts (a mutant that
 loops forever costs little; timing out only makes it fail sooner, never pass); probes
@@ -23,7 +25,7 @@ from typing import Literal
 from polyrl.quality.findings import Finding
 from polyrl.types import Score
 
-Expect = Literal["full", "below", "zero"]
+Expect = Literal["full", "below", "zero", "partial"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ def holds(probe: Probe, value: float) -> bool:
         return value >= 1.0
     if probe.expect == "below":
         return value < 1.0
+    if probe.expect == "partial":
+        return 0.0 < value < 1.0
     return value == 0.0
 
 
@@ -72,7 +76,8 @@ def findings_for(probes: list[Probe], scores: list[Score]) -> list[Finding]:
     for probe, score in zip(probes, scores):
         total[probe.check] = total.get(probe.check, 0) + 1
         if not holds(probe, score.value):
-            verb = {"full": "scores only", "below": "scores full reward", "zero": "scores"}[probe.expect]
+            verb = {"full": "scores only", "below": "scores full reward", "zero": "scores",
+                    "partial": "scores"}[probe.expect]
             shown = f"{score.value:g}" if probe.expect != "below" else ""
             broken.setdefault(probe.check, []).append(f"{probe.name} {verb} {shown}".rstrip()
                                                      + (f" ({why(score)})" if probe.expect == "full" else ""))
@@ -93,4 +98,5 @@ def _lead(check: str) -> str:
         "exploit": "the reward can be gamed: ",
         "false_negative": "an equivalent answer is rejected: ",
         "leaked_answer": "the prompt gives the answer away: ",
+        "cost": "a costlier right answer is not charged, or is zeroed: ",
     }.get(check, "")

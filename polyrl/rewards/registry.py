@@ -18,6 +18,7 @@ _VERIFIERS: dict[str, str] = {
     "preference_model": "polyrl.rewards.preference_model:PreferenceModel",
     "rule_check": "polyrl.rewards.alignment_rules:AlignmentRules",
     "swe_patch": "polyrl.rewards.swe_patch:SwePatch",
+    "world_state": "polyrl.rewards.world_state:WorldState",
 }
 PLUGINS = Plugins("polyrl.rewards", "verifier", _VERIFIERS)
 

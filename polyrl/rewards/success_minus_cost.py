@@ -69,6 +69,25 @@ def read_response(response: str | EpisodeOutcome) -> EpisodeOutcome:
     return EpisodeOutcome(answer if answer is not None else response.strip())
 
 
+class CostRule:
+    """reward = success - min(max_cost, alpha * units + beta * tokens), gated or not: the rule
+    success_minus_cost applies to model calls, and world_state to tool calls beyond the minimum."""
+
+    def __init__(self, verifier: str, alpha: float, beta: float, max_cost: float, gate_cost_on_success: bool) -> None:
+        if alpha < 0 or beta < 0:
+            raise ValueError(f"{verifier}: alpha and beta must be >= 0, got alpha={alpha}, beta={beta}")
+        if not 0 <= max_cost < 1:
+            raise ValueError(f"{verifier}: max_cost must be in [0, 1), got {max_cost}")
+        self.alpha, self.beta, self.max_cost = alpha, beta, max_cost
+        self.gate_cost_on_success = gate_cost_on_success
+
+    def cost(self, units: int, tokens: int) -> float:
+        return min(self.max_cost, self.alpha * units + self.beta * tokens)
+
+    def reward(self, success: bool, cost: float) -> float:
+        return (1.0 - cost) if success else (0.0 if self.gate_cost_on_success else -cost)
+
+
 class SuccessMinusCost:
     name = "success_minus_cost"
 
@@ -76,10 +95,7 @@ class SuccessMinusCost:
                  gate_cost_on_success: bool = True) -> None:
         """alpha: cost per model call; beta: cost per token (prompt + completion);
         max_cost: cap on the total cost, below 1; gate_cost_on_success: failures score 0."""
-        if alpha < 0 or beta < 0:
-            raise ValueError(f"success_minus_cost: alpha and beta must be >= 0, got alpha={alpha}, beta={beta}")
-        if not 0 <= max_cost < 1:
-            raise ValueError(f"success_minus_cost: max_cost must be in [0, 1), got {max_cost}")
+        self.rule = CostRule(self.name, alpha, beta, max_cost, gate_cost_on_success)
         self.alpha, self.beta, self.max_cost = alpha, beta, max_cost
         self.gate_cost_on_success = gate_cost_on_success
 
@@ -96,8 +112,8 @@ class SuccessMinusCost:
         except ValueError as err:
             return Score(0.0, {"status": "malformed", "error": str(err)})
         success = answers_match(task.answer, outcome.answer)
-        cost = min(self.max_cost, self.alpha * outcome.steps + self.beta * outcome.tokens)
-        value = (1.0 - cost) if success else (0.0 if self.gate_cost_on_success else -cost)
+        cost = self.rule.cost(outcome.steps, outcome.tokens)
+        value = self.rule.reward(success, cost)
         details = {"status": "success" if success else ("no_answer" if outcome.answer is None else "wrong"),
                    "success": success, "answer": outcome.answer, "expected": task.answer,
                    "steps": outcome.steps, "tokens": outcome.tokens, "cost": round(cost, 6)}

@@ -4,9 +4,10 @@
     groups = rollout.groups(tasks, group_size, lambda spec: spec.sampling, "s12")
 
 Tasks of a domain whose spec has `agent` settings run as multi-turn episodes
-(episodes.py); every other task gets G single-turn samples (groups.py). Both come back
-as `Group`s whose samples answer the same questions (groups.py), so reward, advantage
-and loss treat them alike.
+(episodes.py), each with its own token budget when the spec sets one (`episode_tokens`:
+the loop compresses, then stops on "budget" and concludes); every other task gets G
+single-turn samples (groups.py). Both come back as `Group`s whose samples answer the
+same questions (groups.py), so reward, advantage and loss treat them alike.
 
 With a `recorder`, every model call is recorded, single-turn samples' too (groups.py),
 each with its domain (x.domain); after scoring, `record_episodes` writes each episode's
@@ -61,7 +62,8 @@ class Rollout:
                                  result_chars=agent.result_chars)
             recorder = None if self.recorder is None else records.Stamp(self.recorder, **{records.DOMAIN: domain})
             episodes = rollout_episodes(self.engine, self.tokenizer, domain_tasks, group_size, params[domain],
-                                        agent.toolbox_for, config, context_window=self.context_window,
+                                        agent.toolbox_for, config, episode_budget=agent.episode_tokens,
+                                        context_window=self.context_window,
                                         recorder=recorder, trace_prefix=f"{trace_prefix}-{domain}")
             groups += [Group(task, list(episodes[i * group_size:(i + 1) * group_size]))
                        for i, task in enumerate(domain_tasks)]

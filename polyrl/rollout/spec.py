@@ -28,6 +28,8 @@ class AgentSpec:
     """model calls an episode may make before it must answer"""
     result_chars: int | None = 400
     """cap on each tool result shown to the model (AgentConfig.result_chars); None = no cap"""
+    episode_tokens: int | None = None
+    """token budget of each episode (a TokenBudget per episode); None = no budget"""
 
 
 @dataclass(frozen=True)

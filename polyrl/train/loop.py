@@ -354,7 +354,7 @@ def step_metrics(step: int, groups: list[Group], flat: torch.Tensor, stats: dict
     """The metrics.jsonl line of one step: global timings, the update's statistics (update()),
     the engine's counters for the rollout (prefill computed vs cached, prefix hit rate,
     decode tokens, batch occupancy, preemptions; engine/stats.py) when it keeps them, plus
-    a block per domain."""
+    a block per domain (agent domains also count `budget_stops`: episodes their token budget ended)."""
     tokens = sum(len(x.generated_ids) for g in groups for x in g.samples)
     record = {"step": step, "time": {k: round(v, 4) for k, v in times.items()},
               "tokens_per_s": round(tokens / max(times["rollout"], 1e-9), 1),
@@ -375,6 +375,9 @@ def step_metrics(step: int, groups: list[Group], flat: torch.Tensor, stats: dict
             "dropped_zero_variance": int(sum(bool(flat[i]) for i in idx)),
             "kl": dstats.get("kl"), "entropy": dstats.get("entropy"), "clip_frac": dstats.get("clip_frac"),
         }
+        stops = [getattr(x.response, "stop_reason", None) for _, x in samples]
+        if any(stops):  # agent episodes: how many ran out of their token budget
+            record["domains"][d]["budget_stops"] = sum(s == "budget" for s in stops)
     return record
 
 

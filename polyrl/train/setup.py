@@ -66,7 +66,9 @@ def build_domains(cfg: RunConfig, execution_log: ExecutionLog | None = None, ver
             name=t.domain, source=domain, weight=t.weight, verifier=key, check=check or None, sampling=sampling,
             eval_sampling=replace(sampling, max_tokens=cfg.eval.max_tokens or max_tokens),
             kl_coef=cfg.trainer.kl_coef if t.kl_coef is None else t.kl_coef, kl_target=t.kl_target,
-            agent=AgentSpec(tools.toolbox, t.max_steps, getattr(tools, "result_chars", 400))
+            agent=AgentSpec(tools.toolbox, t.max_steps if "max_steps" in t.model_fields_set
+                            else getattr(tools, "max_steps", t.max_steps),
+                            getattr(tools, "result_chars", 400), t.episode_tokens)
             if tools is not None else None)
     if not verifiers:
         return Domains(specs, {})
@@ -101,8 +103,14 @@ def _source(t: RLTask) -> tuple[Domain, set[str]]:
 
 def _pack_tools(domain: Domain) -> Any:
     """What gives a pack's tasks their tools: a pack graded by swe_patch holds swe tasks, each
-    carrying the repository its tools work on; None for other packs (they roll out single-turn)."""
-    if getattr(domain, "default_verifier", None) != "swe_patch":
+    carrying the repository its tools work on, one graded by world_state ops tasks, each carrying
+    its world; None for other packs (they roll out single-turn)."""
+    verifier = getattr(domain, "default_verifier", None)
+    if verifier == "world_state":
+        from polyrl.domains.ops import OpsDomain
+
+        return OpsDomain()
+    if verifier != "swe_patch":
         return None
     from polyrl.domains.swe import SweDomain
 
