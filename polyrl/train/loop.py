@@ -59,7 +59,7 @@ from polyrl.train.flag_policy import FlagPolicy
 from polyrl.train.interrupts import StopAtStepBoundary
 from polyrl.train.monitor import RewardMonitor
 from polyrl.train.run_dir import RunDir
-from polyrl.train.setup import build_curriculum, build_domains
+from polyrl.train.setup import build_curriculum, build_domains, step_seed
 from polyrl.train.update import update
 
 
@@ -112,7 +112,7 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
     curriculum = build_curriculum(cfg, {d: s.weight for d, s in specs.items()})  # None: static weights
     kl = PerDomainKL({d: s.kl_coef for d, s in specs.items()}, {d: s.kl_target for d, s in specs.items()},
                      cfg.trainer.kl_horizon, rate=cfg.trainer.kl_rate)
-    on_flag = FlagPolicy({t.domain: t.on_flag for t in cfg.rl_tasks})
+    on_flag = FlagPolicy({t.run_name: t.on_flag for t in cfg.domain_tasks()})
     uses_kl = any(s.kl_coef > 0 for s in specs.values()) or any("raise_kl" in t.on_flag.actions for t in cfg.rl_tasks)
     ref = dp.wrap(copy.deepcopy(policy).eval().requires_grad_(False)) if uses_kl else None
     policy = dp.wrap(policy)  # on trainer.device
@@ -121,14 +121,14 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
     K = cfg.trainer.max_staleness
     stop = closing.enter_context(StopAtStepBoundary(log))  # Ctrl-C: end at the next step boundary
 
-    def run_eval(step: int, line: int) -> dict:  # both roles idle, the engine holding the policy's weights
-        scored = roles.reward.finish(roles.rollout.evaluate(step, line))
+    def run_eval(step: int, line: int, every_domain: bool = False) -> dict:  # both roles idle, the engine holding the policy's weights
+        scored = roles.reward.finish(roles.rollout.evaluate(step, line, every_domain))
         write_records(obs, scored.records, "eval")
         return scored.results
 
     if state is None:
         log(f"evaluating the base model on {cfg.eval.heldout_per_domain} held-out tasks per domain")
-        before = run_eval(0, 0)
+        before = run_eval(0, 0, True)
         rd.write_json(rd.eval_file("before"), before)
         if curriculum:
             curriculum.update(0, capability(before))
@@ -166,8 +166,8 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
         admitted[step] = shares()
         if not admitted[step][0]:
             return False
-        stream.submit(Ticket(step, version, allocate(cfg.trainer.prompts_per_step, admitted[step][0]), weights,
-                             eval_step))
+        counts = allocate(cfg.trainer.prompts_per_step, admitted[step][0], step_seed(cfg.seed, step, "allocate"))
+        stream.submit(Ticket(step, version, counts, weights, eval_step))
         return True
 
     pending = unreported_evals(rd, cfg.eval.every, start_step, cfg.trainer.steps - K) if K > 0 and state else []
@@ -287,7 +287,7 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
     display.close()
 
     roles.rollout.sync(weights_snapshot(policy), version)
-    after = run_eval(steps_done, steps_done)
+    after = run_eval(steps_done, steps_done, True)
     rd.write_json(rd.eval_file("after"), after)
     save_checkpoint(rd, policy, model_dir, "final")
     display.summary(before, after, rd.path, clock)
