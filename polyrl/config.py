@@ -73,13 +73,6 @@ class RLTask(BaseModel):
     domain: str
     """built-in domain name (math, code, ...), a plugin domain's (an installed package's; docs/plugins.md),
     or any name when `pack` is given"""
-    name: str | None = Field(None, min_length=1, max_length=200)
-    """the name this entry trains under (metrics, its advantage normalisation, KL coefficient and
-    curriculum share); null = `domain`. Two entries of one domain with different options need names"""
-    expand: dict[str, list[Any]] = Field(default_factory=dict)
-    """generated domains: one domain per combination of these option values (a product over the keys,
-    merged over `options`), named <name or domain>/<key>=<value>,..., sharing `weight` equally; e.g.
-    {levels: [[1], [2], [3], [4]]} gives math/levels=1 .. math/levels=4 (docs/many-domains.md)"""
     reward: str | None = None
     """verifier name (answer_verify, unit_test_pass, ...); null = the domain's default"""
     weight: float = Field(gt=0, le=1e6)
@@ -111,6 +104,13 @@ class RLTask(BaseModel):
     """agent domains: model calls an episode may make before it must answer (at most 10,000)"""
     on_flag: OnFlag = Field(default_factory=OnFlag)
     """what a reward-hacking or divergence flag on this domain does (default: nothing but the flag)"""
+    name: str | None = Field(None, min_length=1, max_length=200)
+    """the name this entry trains under (metrics, its advantage normalisation, KL coefficient and
+    curriculum share); null = `domain`. Two entries of one domain with different options need names"""
+    expand: dict[str, list[Any]] = Field(default_factory=dict)
+    """generated domains: one domain per combination of these option values (a product over the keys,
+    merged over `options`), named <name or domain>/<key>=<value>,..., sharing `weight` equally; e.g.
+    {levels: [[1], [2], [3], [4]]} gives math/levels=1 .. math/levels=4 (docs/many-domains.md)"""
 
     @property
     def run_name(self) -> str:

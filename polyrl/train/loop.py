@@ -160,6 +160,8 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
     stream = (InlineStream if cfg.cluster.backend == "inline" else Stream)(roles.rollout, roles.reward, depth=K + 1)
     closing.callback(stream.close)
     admitted: dict[int, tuple] = {}  # step -> the shares its rollout drew with (the metrics line names them)
+    sparse = len(specs) > cfg.trainer.prompts_per_step  # more domains than a batch holds: reasons only when changed
+    said: dict[str, dict[str, str]] = {"weight_reasons": {}, "kl_coef_reasons": {}}  # the reasons logged last
 
     def admit(step: int, weights: dict | None = None, eval_step: int | None = None) -> bool:
         """Submit step's rollout ticket; False when every domain has been stopped (on_flag)."""
@@ -223,9 +225,10 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
                               batch.engine)
         record["rollout_tokens"] = rollout_tokens
         record["weights"] = {d: round(w, 4) for d, w in sorted(weights.items())}
-        record["weight_reasons"] = weight_reasons or {d: "static: the run file's weight" for d in weights}
+        record["weight_reasons"] = reasons_line(weight_reasons or {d: "static: the run file's weight" for d in weights},
+                                                said["weight_reasons"], sparse)
         record["kl_coef"] = {d: coefs[d] for d in sorted(coefs)}
-        record["kl_coef_reasons"] = dict(kl.reasons)
+        record["kl_coef_reasons"] = reasons_line(dict(kl.reasons), said["kl_coef_reasons"], sparse)
         for ev in evals:  # an evaluation the rollout role ran beside training (max_staleness > 0)
             record["eval"] = ev.results
             record["eval_of"] = {"step": ev.step, "version": ev.version}
@@ -339,6 +342,15 @@ def write_records(obs: Recorder | None, records: list[ObsRecord], phase: str) ->
     if obs is not None:
         for r in stamped(records, **{PHASE: phase}):
             obs.record(r)
+
+
+def reasons_line(reasons: dict[str, str], said: dict[str, str], sparse: bool) -> dict[str, str]:
+    """A metrics line's reasons block: every domain's reason; with `sparse` (a run of more domains
+    than prompts per step) only those that changed since the last line, so a line stays the size of
+    its batch, not of the run (report/run_data.py's reason_changes reads both the same way)."""
+    out = {d: r for d, r in reasons.items() if not sparse or said.get(d) != r}
+    said.update(out)
+    return out
 
 
 def capability(evaluation: dict[str, dict]) -> dict[str, float]:
