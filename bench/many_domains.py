@@ -3,8 +3,9 @@
     python bench/many_domains.py [--repeats 3] [--steps 11] [--every 5] [--per-eval 4]
 
 Each run trains a tiny random model (tests/helpers.py; no built-in model is built) on
-generated math domains (rl_tasks[].expand over levels x level weights,
-tests/many_domains_runs.py) with the same batch at every size: 16 prompts x 4 samples a
+generated math domains (rl_tasks[].expand over level weightings (k, k, k, k) of levels 1-4,
+tests/many_domains_runs.py: one task distribution, domains that differ in name and state
+only, so the sizes differ in nothing else) with the same batch at every size: 16 prompts x 4 samples a
 step, so at 100 domains most domains get no prompt in a step and the sampler decides
 which do (rl/curriculum.py allocate). The capability-curve curriculum and an adaptive KL
 per domain are on; rewards are length_parity (tests/helpers.py), so groups have variance
@@ -29,6 +30,7 @@ Not covered: verifiers with a sandbox (code), agent episodes, real models.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -80,7 +82,8 @@ def run_once(model: Path, work: Path, domains: int, per_eval: int | None, args, 
                          heldout=args.heldout, max_tokens=16).replace("group_size: 2", "group_size: 4")
     run = work / f"d{domains}-{per_eval}-{time.monotonic_ns()}"
     timer.seconds.clear()
-    train(load_config_text(text), run, log=lambda *_: None)
+    with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):  # the per-step display
+        train(load_config_text(text), run, log=lambda *_: None)
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     clock = [x["clock"] for x in lines]
     loop = statistics.median(b - a for a, b in zip(clock, clock[1:]))

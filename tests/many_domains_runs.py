@@ -1,14 +1,17 @@
 """Run files of the many-domains tests and bench: a 4-domain run any polyrl version reads
 (the golden metrics of tests/test_many_domains.py come from it), and runs of generated
-domains (math levels x level weights) of 4, 20 or 100 domains with one batch size."""
+math domains (one per level weighting) of any number with one batch size."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-LEVEL_PAIRS = [[1, 2], [2, 3], [3, 4], [1, 3], [2, 4]]
-MIXES = [[1, k] for k in range(1, 11)] + [[k, 1] for k in range(2, 12)]  # 20 level weightings
+
+def mixes(domains: int) -> list[list[int]]:
+    """`domains` level weightings that all give the same task mix (k, k, k, k): the generated
+    domains differ in name and state only, so runs of 4, 20 and 100 train on one distribution."""
+    return [[k] * 4 for k in range(1, domains + 1)]
 
 
 def four_domain_run(model_dir: Path, pack: Path, steps: int = 3) -> str:
@@ -46,8 +49,7 @@ eval:
 def generated_run(model_dir: Path, domains: int, steps: int = 2, per_eval: int | None = None,
                   prompts: int = 8, every: int = 1, heldout: int = 2, max_tokens: int = 8,
                   reward: str = "length_parity") -> str:
-    """A run of `domains` (4, 20 or 100) generated math domains, `prompts` prompts a step."""
-    levels, mixes = {4: ([[1, 2], [2, 3]], MIXES[:2]), 20: (LEVEL_PAIRS, MIXES[:4]), 100: (LEVEL_PAIRS, MIXES)}[domains]
+    """A run of `domains` generated math domains (levels 1-4, equal weights), `prompts` prompts a step."""
     return f"""
 seed: 7
 curriculum: capability_curve
@@ -60,8 +62,8 @@ rl_tasks:
     kl_coef: 0.01
     kl_target: 0.05
     expand:
-      levels: {json.dumps(levels)}
-      weights: {json.dumps(mixes)}
+      levels: [[1, 2, 3, 4]]
+      weights: {json.dumps(mixes(domains))}
 model:
   path: {model_dir}
 engine:

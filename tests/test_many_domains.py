@@ -36,7 +36,8 @@ def test_expand_generates_named_domains_sharing_the_weight(model_dir, parity_rew
     tasks = cfg.domain_tasks()
     names = [t.run_name for t in tasks]
     assert len(tasks) == 100 == len(set(names)) and len(cfg.rl_tasks) == 1
-    assert names[0] == "math/levels=1+2,weights=1+1" and tasks[0].options == {"levels": [1, 2], "weights": [1, 1]}
+    assert names[1] == "math/levels=1+2+3+4,weights=2+2+2+2"
+    assert tasks[1].options == {"levels": [1, 2, 3, 4], "weights": [2, 2, 2, 2]}
     assert sum(t.weight for t in tasks) == pytest.approx(1.0) and all(not t.expand for t in tasks)
     assert all(t.domain == "math" and t.kl_target == 0.05 for t in tasks)
 
@@ -110,7 +111,7 @@ def test_hundred_domains_train_touching_only_the_batch(tmp_path, parity_reward, 
     monkeypatch.setattr(roles, "draw_tasks", draw)
     monkeypatch.setattr(roles, "eval_rollout", lambda r, heldout, *a: evaluated.append(set(heldout)) or real_eval(r, heldout, *a))
 
-    cfg = load_config_text(generated_run(model_dir, 100, steps=2, per_eval=10))
+    cfg = load_config_text(generated_run(model_dir, 100, steps=2, per_eval=10, heldout=1))
     result = train(cfg, tmp_path / "run", log=lambda *_: None)
     assert result.steps_done == 2
     assert built == {"length_parity": 1}  # one verifier for 100 domains, not one each
@@ -133,7 +134,7 @@ def test_domains_with_equal_reward_options_share_one_verifier(model_dir, parity_
     text = generated_run(model_dir, 20).replace("    kl_coef: 0.01\n", "    kl_coef: 0.01\n    reward_options: {x: 1}\n")
     domains = setup.build_domains(load_config_text(text))
     try:
-        assert list(domains.verifiers) == ["length_parity@math/levels=1+2,weights=1+1"]
+        assert list(domains.verifiers) == ["length_parity@math/levels=1+2+3+4,weights=1+1+1+1"]
         assert {s.verifier for s in domains.specs.values()} == set(domains.verifiers) and len(domains.specs) == 20
     finally:
         domains.close()
