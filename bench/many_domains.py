@@ -128,8 +128,8 @@ def main() -> None:
             print(f"{arm:>6} {domains:>7} {m['loop']:>12.4f} {m['eval']:>12.4f} {m['total']:>13.4f} "
                   f"{m['total'] / med[(arm, 4)]['total']:>12.2f}x {m['line_bytes']:>11.0f} B")
     for domains in SIZES:
-        print(f"rotate vs every at {domains:>3} domains: {med[('every', domains)]['total'] / med[('rotate', domains)]['total']:.2f}x "
-              f"faster per step")
+        speedup = med[("every", domains)]["total"] / med[("rotate", domains)]["total"]
+        print(f"rotate vs every at {domains:>3} domains: {speedup:.2f}x faster per step")
 
 
 if __name__ == "__main__":

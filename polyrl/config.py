@@ -4,7 +4,7 @@ A run file is YAML. `load_config` parses it, validates it against `RunConfig` an
 anything is wrong, raises one `ConfigError` listing every problem, one per line:
 
     run.yaml:12: trainer.lr: got -1; must be > 0
-    run.yaml:4: rl_tasks[0].wieght: unknown key 'wieght'; allowed: domain, reward, weight, pack, options, quarantine, kl_coef, kl_target, max_tokens, reward_options, check, max_steps, on_flag; did you mean 'weight'?
+    run.yaml:4: rl_tasks[0].wieght: unknown key 'wieght'; allowed: domain, reward, weight, pack, options, quarantine, kl_coef, kl_target, max_tokens, reward_options, check, max_steps, on_flag, name, expand; did you mean 'weight'?
 
 Every default lives in the field definitions below; a run file only states what differs.
 Out of scope: command-line overrides and what a field means at run time (the trainer,
@@ -531,8 +531,9 @@ def _run_names(task: dict, domain: str) -> list[str]:
     `expand` is well formed, else its name or domain."""
     name = task.get("name") if isinstance(task.get("name"), str) else domain
     expand, options = task.get("expand"), task.get("options") or {}
-    if isinstance(expand, dict) and expand and isinstance(options, dict) and all(
-            isinstance(v, list) and v for v in expand.values()) and math.prod(map(len, expand.values())) <= MAX_GENERATED:
+    well_formed = isinstance(expand, dict) and expand and isinstance(options, dict) and all(
+        isinstance(v, list) and v for v in expand.values())
+    if well_formed and math.prod(map(len, expand.values())) <= MAX_GENERATED:
         return [n for n, _ in expansions(name, options, expand)]
     return [name]
 

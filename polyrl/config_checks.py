@@ -142,8 +142,11 @@ def expansions(name: str, options: dict, expand: dict[str, list]) -> list[tuple[
     `expand` values, in order (the last key varies fastest), merged over `options`, named
     name/key=value,... (a list value as its items joined by "+")."""
     keys = list(expand)
-    return [(f"{name}/" + ",".join(f"{k}={_label(v)}" for k, v in zip(keys, values)), {**options, **dict(zip(keys, values))})
-            for values in itertools.product(*(expand[k] for k in keys))]
+    out = []
+    for values in itertools.product(*(expand[k] for k in keys)):
+        label = ",".join(f"{k}={_label(v)}" for k, v in zip(keys, values))
+        out.append((f"{name}/{label}", {**options, **dict(zip(keys, values))}))
+    return out
 
 
 def _label(value: object) -> str:

@@ -121,7 +121,8 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
     K = cfg.trainer.max_staleness
     stop = closing.enter_context(StopAtStepBoundary(log))  # Ctrl-C: end at the next step boundary
 
-    def run_eval(step: int, line: int, every_domain: bool = False) -> dict:  # both roles idle, the engine holding the policy's weights
+    def run_eval(step: int, line: int, every_domain: bool = False) -> dict:
+        # both roles idle, the engine holding the policy's weights; every_domain: before and after training
         scored = roles.reward.finish(roles.rollout.evaluate(step, line, every_domain))
         write_records(obs, scored.records, "eval")
         return scored.results
