@@ -4,7 +4,7 @@ A run file is YAML. `load_config` parses it, validates it against `RunConfig` an
 anything is wrong, raises one `ConfigError` listing every problem, one per line:
 
     run.yaml:12: trainer.lr: got -1; must be > 0
-    run.yaml:4: rl_tasks[0].wieght: unknown key 'wieght'; allowed: domain, reward, weight, pack, options, quarantine, kl_coef, kl_target, max_tokens, reward_options, check, max_steps, on_flag; did you mean 'weight'?
+    run.yaml:4: rl_tasks[0].wieght: unknown key 'wieght'; allowed: domain, reward, weight, pack, options, quarantine, kl_coef, kl_target, max_tokens, reward_options, check, max_steps, on_flag, name, expand; did you mean 'weight'?
 
 Every default lives in the field definitions below; a run file only states what differs.
 Out of scope: command-line overrides and what a field means at run time (the trainer,
@@ -29,8 +29,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from polyrl.config_checks import (
-    MAX_SAMPLES_PER_STEP, domain_option_problems, fit_problems, model_problem, option_problems, pack_problems,
-    plugin_problems,
+    MAX_GENERATED, MAX_SAMPLES_PER_STEP, domain_option_problems, expand_problems, expansions, fit_problems, model_problem,
+    option_problems, pack_problems, plugin_problems,
 )
 from polyrl.config_messages import (
     MAX_RUN_FILE_BYTES, Refused, SafeRunLoader, did_you_mean, dotted, duplicate_keys, explain, line_for,
@@ -109,6 +109,28 @@ class RLTask(BaseModel):
     the context, then stops with "budget" and asks for a stage conclusion; null = no budget"""
     on_flag: OnFlag = Field(default_factory=OnFlag)
     """what a reward-hacking or divergence flag on this domain does (default: nothing but the flag)"""
+    name: str | None = Field(None, min_length=1, max_length=200)
+    """the name this entry trains under (metrics, its advantage normalisation, KL coefficient and
+    curriculum share); null = `domain`. Two entries of one domain with different options need names"""
+    expand: dict[str, list[Any]] = Field(default_factory=dict)
+    """generated domains: one domain per combination of these option values (a product over the keys,
+    merged over `options`), named <name or domain>/<key>=<value>,..., sharing `weight` equally; e.g.
+    {levels: [[1], [2], [3], [4]]} gives math/levels=1 .. math/levels=4 (docs/many-domains.md)"""
+
+    @property
+    def run_name(self) -> str:
+        """The name the domain trains under: `name`, else `domain`."""
+        return self.name or self.domain
+
+    def expanded(self) -> list[RLTask]:
+        """This entry as the domains it generates: itself without `expand`, else one entry per
+        combination of the expand values (config_checks.expansions names and merges them)."""
+        if not self.expand:
+            return [self]
+        combos = expansions(self.run_name, self.options, self.expand)
+        share = self.weight / len(combos)
+        return [self.model_copy(update={"name": name, "options": options, "expand": {}, "weight": share})
+                for name, options in combos]
 
 
 class PolicyConfig(BaseModel):
@@ -227,6 +249,11 @@ class EvalConfig(BaseModel):
     """samples per held-out task at the rollout temperature; accuracy = their mean reward (at most 4,096)"""
     greedy: bool = True
     """also report greedy (temperature 0) accuracy on the same tasks"""
+    domains_per_eval: int | None = Field(None, gt=0, le=10**6)
+    """evaluations during training score at most this many domains each, in rotation through the
+    domains sorted by name, so every domain is evaluated at least once in any ceil(domains /
+    domains_per_eval) evaluations in a row (train/evaluate.py: eval_domains); the evaluations before
+    and after training score every domain; null = every domain every time (for runs of many domains)"""
 
 
 class CapabilityCurveConfig(BaseModel):
@@ -299,6 +326,10 @@ class RunConfig(BaseModel):
         if found:
             raise ValueError("; ".join(f"{dotted(loc)}: {msg}" for loc, msg in found))
         return self
+
+    def domain_tasks(self) -> list[RLTask]:
+        """One entry per domain of the run, generated ones (rl_tasks[].expand) expanded, in file order."""
+        return [d for t in self.rl_tasks for d in t.expanded()]
 
     def to_yaml(self) -> str:
         """The resolved config with every field written; load_config_text reads it back equal."""
@@ -453,10 +484,7 @@ def _semantic_problems(data: Any, base_dir: Path | None) -> list[tuple[tuple, st
                 continue
             domain, reward, pack = task.get("domain"), task.get("reward"), task.get("pack")
             if isinstance(domain, str):
-                if domain in first_index:
-                    problems.append((("rl_tasks", i, "domain"), f"got {domain!r}; duplicate domain, already listed as rl_tasks[{first_index[domain]}]; list each domain once"))
-                else:
-                    first_index[domain] = i
+                problems += _duplicate_names(i, task, domain, first_index)
                 if pack is None and domains is not None and domain not in domains:
                     problems.append((("rl_tasks", i, "domain"), f"got {domain!r}; must be a built-in or plugin domain ({', '.join(domains)}), or any name together with `pack`{did_you_mean(domain, domains)}"))
             if isinstance(reward, str) and reward not in verifiers:
@@ -475,6 +503,7 @@ def _semantic_problems(data: Any, base_dir: Path | None) -> list[tuple[tuple, st
             problems += plugin_problems(i, task)
             problems += option_problems(i, task)
             problems += domain_option_problems(i, task)
+            problems += expand_problems(i, task)
             quarantine = task.get("quarantine")
             if isinstance(quarantine, str) and not _resolve_pack(quarantine, base_dir or Path.cwd()).is_file():
                 problems.append((("rl_tasks", i, "quarantine"), f"got {quarantine!r}; no such file (looked for "
@@ -505,6 +534,33 @@ def _semantic_problems(data: Any, base_dir: Path | None) -> list[tuple[tuple, st
         if problem:
             problems.append((("model", "path"), f"got {path!r}; {problem}"))
     return problems
+
+
+def _run_names(task: dict, domain: str) -> list[str]:
+    """The names an rl_tasks entry (raw YAML data) trains under: its generated domains' when
+    `expand` is well formed, else its name or domain."""
+    name = task.get("name") if isinstance(task.get("name"), str) else domain
+    expand, options = task.get("expand"), task.get("options") or {}
+    well_formed = isinstance(expand, dict) and expand and isinstance(options, dict) and all(
+        isinstance(v, list) and v for v in expand.values())
+    if well_formed and math.prod(map(len, expand.values())) <= MAX_GENERATED:
+        return [n for n, _ in expansions(name, options, expand)]
+    return [name]
+
+
+def _duplicate_names(i: int, task: dict, domain: str, first_index: dict[str, int]) -> list[tuple[tuple, str]]:
+    """Every domain of the run trains under its own name: one line for the first name taken twice."""
+    names = _run_names(task, domain)
+    taken = next((n for n in names if n in first_index), None)
+    first_index.update((n, i) for n in names if n not in first_index)
+    if taken is None:
+        return []
+    if taken == domain and task.get("name") is None and not task.get("expand"):
+        return [(("rl_tasks", i, "domain"), f"got {domain!r}; duplicate domain, already listed as "
+                 f"rl_tasks[{first_index[taken]}]; list each domain once")]
+    where = "expand" if task.get("expand") else "name"
+    return [(("rl_tasks", i, where), f"domain name {taken!r} is already taken by rl_tasks[{first_index[taken]}]; "
+             f"give one of the entries a distinct `name`")]
 
 
 def _upper(field: Any) -> float:
@@ -545,9 +601,11 @@ def _curriculum_problems(data: dict, tasks: Any) -> list[tuple[tuple, str]]:
                          "training, but eval.every is 0 (only before and after); set eval.every > 0"))
     curve = data.get("capability_curve", {})
     floor = curve.get("floor", CapabilityCurveConfig.model_fields["floor"].default) if isinstance(curve, dict) else None
-    if isinstance(tasks, list) and tasks and _number(floor) and 0 < floor and floor * len(tasks) > 1:
-        problems.append((("capability_curve", "floor"), f"got {floor}; floor * {len(tasks)} domains = "
-                         f"{floor * len(tasks):g} > 1; must be <= {1 / len(tasks):.4g}"))
+    n = sum(len(_run_names(t, str(t.get("domain")))) if isinstance(t, dict) else 1 for t in tasks) \
+        if isinstance(tasks, list) else 0
+    if n and _number(floor) and 0 < floor and floor * n > 1:
+        problems.append((("capability_curve", "floor"), f"got {floor}; floor * {n} domains = "
+                         f"{floor * n:g} > 1; must be <= {1 / n:.4g}"))
     return problems
 
 

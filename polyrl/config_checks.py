@@ -9,10 +9,15 @@ weights themselves (the model's files are checked to exist, not loaded).
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 from pathlib import Path
 
 from polyrl.config_messages import did_you_mean
+
+MAX_GENERATED = 10_000
+"""Domains one rl_tasks entry may generate (rl_tasks[].expand) at most."""
 
 MAX_SAMPLES_PER_STEP = 2**20
 """Rollouts of one step (prompts_per_step * group_size) at most: every one is held in memory."""
@@ -131,6 +136,52 @@ def option_problems(i: int, task: dict) -> list[tuple[tuple, str]]:
     takes = [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "log"]
     return [(("rl_tasks", i, "reward_options", key), f"unknown option of {name}; it takes {', '.join(takes) or 'none'}"
              f"{did_you_mean(str(key), takes)}") for key in options if key not in takes]
+
+
+def expansions(name: str, options: dict, expand: dict[str, list]) -> list[tuple[str, dict]]:
+    """(name, options) of each domain an rl_tasks entry generates: one per combination of the
+    `expand` values, in order (the last key varies fastest), merged over `options`, named
+    name/key=value,... (a list value as its items joined by "+")."""
+    keys = list(expand)
+    out = []
+    for values in itertools.product(*(expand[k] for k in keys)):
+        label = ",".join(f"{k}={_label(v)}" for k, v in zip(keys, values))
+        out.append((f"{name}/{label}", {**options, **dict(zip(keys, values))}))
+    return out
+
+
+def _label(value: object) -> str:
+    return "+".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
+def expand_problems(i: int, task: dict) -> list[tuple[tuple, str]]:
+    """`expand` must map option names to non-empty lists of values, generate at most MAX_GENERATED
+    domains, and every generated domain's options must be ones its domain takes (the first
+    that is not is reported, with the count of the others)."""
+    expand, loc = task.get("expand"), ("rl_tasks", i, "expand")
+    if not isinstance(expand, dict) or not expand:
+        return []
+    if task.get("pack") is not None:
+        return [(loc, "expand generates domains from a built-in or plugin domain's options; a pack's tasks are "
+                      "the ones in its file (list each pack as its own entry)")]
+    if not all(isinstance(v, list) for v in expand.values()):
+        return []  # the schema's error
+    empty = [k for k, v in expand.items() if not v]
+    if empty:
+        return [(loc + (empty[0],), "must be a non-empty list of option values, one generated domain each")]
+    count = math.prod(len(v) for v in expand.values())
+    if count > MAX_GENERATED:
+        return [(loc, f"generates {count:,} domains ({' x '.join(str(len(v)) for v in expand.values())}); "
+                      f"at most {MAX_GENERATED:,}")]
+    options = task.get("options") if isinstance(task.get("options"), dict) else {}
+    name = task.get("name") if isinstance(task.get("name"), str) else str(task.get("domain"))
+    found = [(n, domain_option_problems(i, {**task, "options": o})) for n, o in expansions(name, options, expand)]
+    bad = [(n, p) for n, p in found if p]
+    if not bad:
+        return []
+    (first, [(_, message), *_]), more = bad[0], len(bad) - 1
+    tail = f" (and {more} more generated domains)" if more else ""
+    return [(loc, f"generated domain {first!r}: {message}{tail}")]
 
 
 def _plugin_default(domain: object) -> str | None:

@@ -83,7 +83,7 @@ def test_unknown_key_nested_suggests_the_nearest():
 def test_wrong_type():
     assert errors(GOOD + "seed: seven\n") == ["run.yaml:5: seed: got 'seven'; must be an integer >= 0 and < 2**63"]
     assert errors(GOOD + "trainer:\n  steps: 1.5\n") == ["run.yaml:6: trainer.steps: got 1.5; must be an integer > 0 and <= 10**8"]
-    assert errors(GOOD + "eval: 5\n") == ["run.yaml:5: eval: got 5; must be a mapping (keys: every, heldout_per_domain, max_tokens, samples, greedy)"]
+    assert errors(GOOD + "eval: 5\n") == ["run.yaml:5: eval: got 5; must be a mapping (keys: every, heldout_per_domain, max_tokens, samples, greedy, domains_per_eval)"]
     (line,) = errors("rl_tasks: math\n")
     assert line.startswith("run.yaml:1: rl_tasks: got 'math'; must be a list of mappings (keys: domain,")
 

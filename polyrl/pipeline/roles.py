@@ -31,7 +31,7 @@ from polyrl.pipeline.shared_engine import SharedEngine
 from polyrl.rollout.dispatch import Rollout, record_episodes
 from polyrl.rollout.groups import Group, score_groups
 from polyrl.sandbox.execution_log import ExecutionLog
-from polyrl.train.evaluate import EvalRollout, eval_rollout, score_eval
+from polyrl.train.evaluate import EvalRollout, eval_domains, eval_rollout, score_eval
 from polyrl.train.setup import build_domains, draw_tasks, rollout_sampling, step_seed
 from polyrl.types import Score, Task
 
@@ -123,12 +123,16 @@ class RolloutRole:
         return RolloutBatch(ticket.step, self.engine.weight_version, groups, time.perf_counter() - start, sync_seconds,
                             counter_delta(counters, engine_counters(self.engine)), recorder.records)
 
-    def evaluate(self, step: int, line: int | None = None) -> EvalBatch:
+    def evaluate(self, step: int, line: int | None = None, every_domain: bool = False) -> EvalBatch:
         """The held-out tasks' responses for the evaluation of `step`, at the engine's current
-        version, unscored; `line`: the step whose metrics line will report it."""
+        version, unscored; `line`: the step whose metrics line will report it. An evaluation during
+        training scores eval.domains_per_eval domains in rotation (eval_domains); `every_domain`
+        (before and after training) all of them."""
         recorder = self.eval_rollout.recorder = ListRecorder()
         c = self.cfg.eval
-        generated = eval_rollout(self.eval_rollout, self.heldout, step_seed(self.cfg.seed, step, "eval"), c.samples,
+        heldout = self.heldout if every_domain else {
+            d: self.heldout[d] for d in eval_domains(list(self.heldout), step, c.every, c.domains_per_eval)}
+        generated = eval_rollout(self.eval_rollout, heldout, step_seed(self.cfg.seed, step, "eval"), c.samples,
                                  c.greedy, f"eval{step}")
         return EvalBatch(step, generated.version, generated, recorder.records, line=line)
 

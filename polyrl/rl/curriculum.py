@@ -32,18 +32,25 @@ advantages.py), learnability from training rewards, bandit exploration bonuses.
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import asdict, dataclass, field
 
 
-def allocate(total: int, weights: dict[str, float]) -> dict[str, int]:
+def allocate(total: int, weights: dict[str, float], seed: int | None = None) -> dict[str, int]:
     """Split `total` prompts across domains in proportion to `weights` (largest remainder).
 
     Every domain with a positive weight gets at least one prompt when total allows it, so
-    a small domain is never starved by rounding.
+    a small domain is never starved by rounding. When it does not (more domains than
+    prompts) and a `seed` is given, the split is drawn instead (`systematic`): each domain
+    gets the floor or the ceiling of its exact share, its expected count is exactly that
+    share, and which domains get the prompts changes with the seed (largest remainder would
+    give the same few domains every step and starve the rest).
     """
     assert total > 0 and weights and all(w > 0 for w in weights.values())
     names = sorted(weights)
     s = sum(weights.values())
+    if seed is not None and total < len(names):
+        return systematic(total, {d: weights[d] / s for d in names}, random.Random(seed).random())
     exact = {d: total * weights[d] / s for d in names}
     counts = {d: math.floor(exact[d]) for d in names}
     if total >= len(names):
@@ -56,6 +63,21 @@ def allocate(total: int, weights: dict[str, float]) -> dict[str, int]:
         if sum(counts.values()) == total:
             break
         counts[d] += 1
+    return counts
+
+
+def systematic(total: int, shares: dict[str, float], u: float) -> dict[str, int]:
+    """Systematic sampling of `total` prompts by `shares` (summing to 1), in the given order:
+    the points (u + k) / total for k = 0..total-1 fall into consecutive intervals of lengths
+    `shares`; a domain's count is the number of points in its interval (u in [0, 1))."""
+    assert 0 <= u < 1 and total > 0
+    counts, edge = {}, 0.0
+    for d, share in shares.items():
+        # points below a cumulative share c: ceil(c * total - u) of them
+        before, edge = edge, edge + share
+        counts[d] = max(0, math.ceil(edge * total - u - 1e-9)) - max(0, math.ceil(before * total - u - 1e-9))
+    last = next(reversed(counts))
+    counts[last] += total - sum(counts.values())  # float round-off at the last edge
     return counts
 
 
@@ -203,13 +225,17 @@ class CapabilityCurriculum:
         return out
 
     def update(self, step: int, capability: dict[str, float]) -> CurriculumUpdate:
-        """Record one held-out evaluation (domain -> score, every domain) and move the shares.
+        """Record one held-out evaluation (domain -> score) and move the shares.
 
         Call it after every held-out evaluation, the one before training included; the
-        shares it returns hold until the next call.
+        shares it returns hold until the next call. The first must score every domain; a
+        later one may score some (an evaluation of a rotating subset, eval.domains_per_eval):
+        the others keep their curves as they were.
         """
-        if set(capability) != set(self.seed):
-            raise ValueError(f"capability must score every domain {sorted(self.seed)}; got {sorted(capability)}")
+        first = not self.best
+        if not set(capability) <= set(self.seed) or (first and set(capability) != set(self.seed)):
+            raise ValueError(f"capability must score {'every domain' if first else 'domains'} of "
+                             f"{sorted(self.seed)}; got {sorted(capability)}")
         s = self.settings
         for d, c in capability.items():
             self.history[d] = (self.history[d] + [(int(step), float(c))])[-s.window:]

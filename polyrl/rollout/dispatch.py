@@ -48,7 +48,8 @@ class Rollout:
                trace_prefix: str = "rollout") -> list[Group]:
         """Groups for `tasks`, single-turn ones first, then each agent domain's, in task order;
         `sampling(spec)` gives each domain's sampling for this call."""
-        params = {name: sampling(spec) for name, spec in self.specs.items()}
+        # the sampling of the domains these tasks come from (a run may have hundreds more)
+        params = {name: sampling(self.specs[name]) for name in dict.fromkeys(t.domain for t in tasks)}
         single = [t for t in tasks if self.specs[t.domain].agent is None]
         groups = sample_groups(self.engine, self.tokenizer, single, group_size, params, self.recorder, trace_prefix)
         by_domain: dict[str, list[Task]] = defaultdict(list)

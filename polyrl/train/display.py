@@ -9,6 +9,10 @@ from typing import Callable
 from tqdm import tqdm
 
 
+MAX_CURRICULUM_LINES = 20
+"""A curriculum update prints the domains whose shares moved most, at most this many."""
+
+
 def _fmt(x: float | None, spec: str = ".3f") -> str:
     return "-" if x is None else format(x, spec)
 
@@ -32,8 +36,13 @@ class Display:
             self.bar.write((head if i == 0 else " " * len(head)) + "  " + line)
         moved = record.get("curriculum_update")
         if moved:
-            for d, w in moved["weights"].items():
+            shown = sorted(moved["weights"], key=lambda d: -abs(moved["weights"][d] - record["weights"].get(d, 0)))
+            for d in sorted(shown[:MAX_CURRICULUM_LINES]):
+                w = moved["weights"][d]
                 self.bar.write(f"  curriculum  {d:>10}  {record['weights'].get(d, 0):.3f} -> {w:.3f}  {moved['reasons'][d]}")
+            if len(shown) > MAX_CURRICULUM_LINES:
+                self.bar.write(f"  curriculum  and {len(shown) - MAX_CURRICULUM_LINES} more domains whose shares moved "
+                               f"less (metrics.jsonl: curriculum_update)")
         reward = sum(m["reward"] for m in record["domains"].values()) / max(len(record["domains"]), 1)
         self.bar.set_postfix(reward=f"{reward:.3f}")
         self.bar.update(1)

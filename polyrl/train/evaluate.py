@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from polyrl.obs.records import Recorder
 from polyrl.rewards.base import Verifier
@@ -36,6 +36,19 @@ class EvalRollout:
     sampled: dict[str, list[Group]]
     greedy: dict[str, list[Group]] = field(default_factory=dict)
     samples: int = 1
+
+
+def eval_domains(domains: Sequence[str], step: int, every: int, per_eval: int | None) -> list[str]:
+    """The domains the held-out evaluation of `step` (during training, a multiple of `every`)
+    scores: all of them when per_eval is None or covers them; else the next `per_eval` of the
+    sorted names after the previous evaluation's, wrapping around. Evaluation n = step / every
+    (n >= 1) starts at name (n - 1) * per_eval mod D, so any ceil(D / per_eval) evaluations in
+    a row score every domain at least once."""
+    names = sorted(domains)
+    if per_eval is None or per_eval >= len(names) or every <= 0:
+        return names
+    start = (max(step // every, 1) - 1) * per_eval % len(names)
+    return sorted(names[(start + j) % len(names)] for j in range(per_eval))
 
 
 def evaluate(rollout: Rollout, heldout: Mapping[str, list[Task]], verifiers: Mapping[str, Verifier], seed: int,

@@ -59,7 +59,7 @@ from polyrl.train.flag_policy import FlagPolicy
 from polyrl.train.interrupts import StopAtStepBoundary
 from polyrl.train.monitor import RewardMonitor
 from polyrl.train.run_dir import RunDir
-from polyrl.train.setup import build_curriculum, build_domains
+from polyrl.train.setup import build_curriculum, build_domains, step_seed
 from polyrl.train.update import update
 
 
@@ -115,7 +115,7 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
     curriculum = build_curriculum(cfg, {d: s.weight for d, s in specs.items()})  # None: static weights
     kl = PerDomainKL({d: s.kl_coef for d, s in specs.items()}, {d: s.kl_target for d, s in specs.items()},
                      cfg.trainer.kl_horizon, rate=cfg.trainer.kl_rate)
-    on_flag = FlagPolicy({t.domain: t.on_flag for t in cfg.rl_tasks})
+    on_flag = FlagPolicy({t.run_name: t.on_flag for t in cfg.domain_tasks()})
     uses_kl = any(s.kl_coef > 0 for s in specs.values()) or any("raise_kl" in t.on_flag.actions for t in cfg.rl_tasks)
     ref = dp.wrap(copy.deepcopy(policy).eval().requires_grad_(False)) if uses_kl else None
     policy = dp.wrap(policy)  # on trainer.device
@@ -124,14 +124,15 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
     K = cfg.trainer.max_staleness
     stop = closing.enter_context(StopAtStepBoundary(log))  # Ctrl-C: end at the next step boundary
 
-    def run_eval(step: int, line: int) -> dict:  # both roles idle, the engine holding the policy's weights
-        scored = roles.reward.finish(roles.rollout.evaluate(step, line))
+    def run_eval(step: int, line: int, every_domain: bool = False) -> dict:
+        # both roles idle, the engine holding the policy's weights; every_domain: before and after training
+        scored = roles.reward.finish(roles.rollout.evaluate(step, line, every_domain))
         write_records(obs, scored.records, "eval")
         return scored.results
 
     if state is None:
         log(f"evaluating the base model on {cfg.eval.heldout_per_domain} held-out tasks per domain")
-        before = run_eval(0, 0)
+        before = run_eval(0, 0, True)
         rd.write_json(rd.eval_file("before"), before)
         if curriculum:
             curriculum.update(0, capability(before))
@@ -163,14 +164,16 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
     stream = (InlineStream if cfg.cluster.backend == "inline" else Stream)(roles.rollout, roles.reward, depth=K + 1)
     closing.callback(stream.close)
     admitted: dict[int, tuple] = {}  # step -> the shares its rollout drew with (the metrics line names them)
+    sparse = len(specs) > cfg.trainer.prompts_per_step  # more domains than a batch holds: reasons only when changed
+    said: dict[str, dict[str, str]] = {"weight_reasons": {}, "kl_coef_reasons": {}}  # the reasons logged last
 
     def admit(step: int, weights: dict | None = None, eval_step: int | None = None) -> bool:
         """Submit step's rollout ticket; False when every domain has been stopped (on_flag)."""
         admitted[step] = shares()
         if not admitted[step][0]:
             return False
-        stream.submit(Ticket(step, version, allocate(cfg.trainer.prompts_per_step, admitted[step][0]), weights,
-                             eval_step))
+        counts = allocate(cfg.trainer.prompts_per_step, admitted[step][0], step_seed(cfg.seed, step, "allocate"))
+        stream.submit(Ticket(step, version, counts, weights, eval_step))
         return True
 
     pending = unreported_evals(rd, cfg.eval.every, start_step, cfg.trainer.steps - K) if K > 0 and state else []
@@ -226,9 +229,10 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
                               batch.engine)
         record["rollout_tokens"] = rollout_tokens
         record["weights"] = {d: round(w, 4) for d, w in sorted(weights.items())}
-        record["weight_reasons"] = weight_reasons or {d: "static: the run file's weight" for d in weights}
+        record["weight_reasons"] = reasons_line(weight_reasons or {d: "static: the run file's weight" for d in weights},
+                                                said["weight_reasons"], sparse)
         record["kl_coef"] = {d: coefs[d] for d in sorted(coefs)}
-        record["kl_coef_reasons"] = dict(kl.reasons)
+        record["kl_coef_reasons"] = reasons_line(dict(kl.reasons), said["kl_coef_reasons"], sparse)
         for ev in evals:  # an evaluation the rollout role ran beside training (max_staleness > 0)
             record["eval"] = ev.results
             record["eval_of"] = {"step": ev.step, "version": ev.version}
@@ -290,7 +294,7 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
     display.close()
 
     roles.rollout.sync(weights_snapshot(policy), version)
-    after = run_eval(steps_done, steps_done)
+    after = run_eval(steps_done, steps_done, True)
     rd.write_json(rd.eval_file("after"), after)
     save_checkpoint(rd, policy, model_dir, "final")
     display.summary(before, after, rd.path, clock)
@@ -342,6 +346,15 @@ def write_records(obs: Recorder | None, records: list[ObsRecord], phase: str) ->
     if obs is not None:
         for r in stamped(records, **{PHASE: phase}):
             obs.record(r)
+
+
+def reasons_line(reasons: dict[str, str], said: dict[str, str], sparse: bool) -> dict[str, str]:
+    """A metrics line's reasons block: every domain's reason; with `sparse` (a run of more domains
+    than prompts per step) only those that changed since the last line, so a line stays the size of
+    its batch, not of the run (report/run_data.py's reason_changes reads both the same way)."""
+    out = {d: r for d, r in reasons.items() if not sparse or said.get(d) != r}
+    said.update(out)
+    return out
 
 
 def capability(evaluation: dict[str, dict]) -> dict[str, float]:

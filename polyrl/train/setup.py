@@ -29,7 +29,8 @@ def step_seed(seed: int, step: int, salt: str = "") -> int:
 @dataclass
 class Domains:
     """The run's domains, one spec each, and the verifiers they share by key (a verifier's
-    name, or name@domain when the domain gives it options)."""
+    name, or name@domain for the first domain that gives it options: every domain giving the
+    same verifier the same options shares that one, so 100 generated domains build one each)."""
 
     specs: dict[str, DomainSpec]
     verifiers: dict[str, Verifier]
@@ -49,10 +50,10 @@ def build_domains(cfg: RunConfig, execution_log: ExecutionLog | None = None, ver
     reward models loaded)."""
     specs: dict[str, DomainSpec] = {}
     options: dict[str, tuple[str, dict]] = {}  # verifier key -> (name, options)
-    for t in cfg.rl_tasks:
+    for t in cfg.domain_tasks():
         domain, named = _source(t)
         name = t.reward or domain.default_verifier
-        key = f"{name}@{t.domain}" if t.reward_options else name
+        key = _verifier_key(options, name, t.reward_options, t.run_name)
         options[key] = (name, t.reward_options)
         check = t.check or getattr(domain, "default_check", None)
         if check:
@@ -62,8 +63,8 @@ def build_domains(cfg: RunConfig, execution_log: ExecutionLog | None = None, ver
         max_tokens = t.max_tokens or cfg.engine.max_tokens
         sampling = SamplingParams(temperature=cfg.engine.temperature, top_p=cfg.engine.top_p,
                                   top_k=cfg.engine.top_k, max_tokens=max_tokens)
-        specs[t.domain] = DomainSpec(
-            name=t.domain, source=domain, weight=t.weight, verifier=key, check=check or None, sampling=sampling,
+        specs[t.run_name] = DomainSpec(
+            name=t.run_name, source=domain, weight=t.weight, verifier=key, check=check or None, sampling=sampling,
             eval_sampling=replace(sampling, max_tokens=cfg.eval.max_tokens or max_tokens),
             kl_coef=cfg.trainer.kl_coef if t.kl_coef is None else t.kl_coef, kl_target=t.kl_target,
             agent=AgentSpec(tools.toolbox, t.max_steps if "max_steps" in t.model_fields_set
@@ -77,28 +78,40 @@ def build_domains(cfg: RunConfig, execution_log: ExecutionLog | None = None, ver
 
 def _source(t: RLTask) -> tuple[Domain, set[str]]:
     """The domain of an rl_tasks entry, and the verifiers its tasks name for themselves."""
+    from polyrl.domains.named import NamedDomain
     from polyrl.domains.pack import PackDomain, load_pack, verifier_for
     from polyrl.domains.quarantine import QuarantinedDomain, drop_quarantined, read_quarantine
     from polyrl.domains.registry import get_domain
 
     if not t.pack:
         domain = get_domain(t.domain, **t.options)
-        return (QuarantinedDomain(domain, read_quarantine(t.quarantine)) if t.quarantine else domain), set()
+        if t.quarantine:
+            domain = QuarantinedDomain(domain, read_quarantine(t.quarantine))
+        return (NamedDomain(domain, t.run_name) if t.run_name != t.domain else domain), set()
     loaded = load_pack(t.pack)
     if loaded.errors:
         lines = "\n".join(f"  {t.pack}:{e.line}: {e.message}" for e in loaded.errors[:10])
-        raise ValueError(f"task pack for domain {t.domain!r} has malformed lines:\n{lines}")
+        raise ValueError(f"task pack for domain {t.run_name!r} has malformed lines:\n{lines}")
     # Tasks train under the run file's name for the domain. A line that names its
     # verifier keeps it; the others use the run file's reward, else their line
     # domain's default (the domain's default when that is the pack's first line's).
     default = t.reward or (verifier_for(loaded.tasks[0][1]) if loaded.tasks else "answer_verify")
-    tasks = [replace(task, domain=t.domain,
+    tasks = [replace(task, domain=t.run_name,
                      verifier=task.verifier or (None if t.reward or verifier_for(task) == default
                                                 else verifier_for(task)))
              for _, task in loaded.tasks]
     if t.quarantine:
         tasks = drop_quarantined(tasks, t.quarantine)
-    return PackDomain(t.domain, tasks, default), {task.verifier for task in tasks if task.verifier}
+    return PackDomain(t.run_name, tasks, default), {task.verifier for task in tasks if task.verifier}
+
+
+def _verifier_key(taken: dict[str, tuple[str, dict]], name: str, options: dict, domain: str) -> str:
+    """The key of verifier `name` with `options`: its name without options, else the key of an
+    earlier domain's with equal options, else name@domain."""
+    if not options:
+        return name
+    same = [k for k, v in taken.items() if v == (name, options) and k != name]
+    return same[0] if same else f"{name}@{domain}"
 
 
 def _pack_tools(domain: Domain) -> Any:
@@ -118,8 +131,9 @@ def _pack_tools(domain: Domain) -> Any:
 
 
 def draw_tasks(specs: dict[str, DomainSpec], counts: dict[str, int], seed: int, step: int) -> list[Task]:
-    """A step's training prompts: counts[d] train tasks of each domain d, seeded by (run seed, step, d)."""
-    return [t for d, k in counts.items() for t in specs[d].source.sample("train", k, step_seed(seed, step, d))]
+    """A step's training prompts: counts[d] train tasks of each domain d, seeded by (run seed, step, d).
+    A domain with no prompts this step is not asked (it may be one of hundreds)."""
+    return [t for d, k in counts.items() if k for t in specs[d].source.sample("train", k, step_seed(seed, step, d))]
 
 
 def rollout_sampling(seed: int, step: int) -> Callable[[DomainSpec], SamplingParams]:
