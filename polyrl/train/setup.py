@@ -9,6 +9,8 @@ import hashlib
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
+from polyrl.agent.tool_host import ToolHostSettings, factory_name, isolated
+from polyrl.agent.tools import ToolBox
 from polyrl.config import RLTask, RunConfig
 from polyrl.domains.base import Domain
 from polyrl.engine.base import SamplingParams
@@ -17,6 +19,7 @@ from polyrl.rewards.registry import get_verifier
 from polyrl.rl.curriculum import CapabilityCurriculum, CurveSettings
 from polyrl.rollout.spec import AgentSpec, DomainSpec
 from polyrl.sandbox.execution_log import ExecutionLog
+from polyrl.sandbox.types import SandboxConfig
 from polyrl.types import Task
 
 
@@ -66,7 +69,7 @@ def build_domains(cfg: RunConfig, execution_log: ExecutionLog | None = None, ver
             name=t.domain, source=domain, weight=t.weight, verifier=key, check=check or None, sampling=sampling,
             eval_sampling=replace(sampling, max_tokens=cfg.eval.max_tokens or max_tokens),
             kl_coef=cfg.trainer.kl_coef if t.kl_coef is None else t.kl_coef, kl_target=t.kl_target,
-            agent=AgentSpec(tools.toolbox, t.max_steps, getattr(tools, "result_chars", 400))
+            agent=AgentSpec(episode_tools(t, tools.toolbox), t.max_steps, getattr(tools, "result_chars", 400))
             if tools is not None else None)
     if not verifiers:
         return Domains(specs, {})
@@ -97,6 +100,25 @@ def _source(t: RLTask) -> tuple[Domain, set[str]]:
     if t.quarantine:
         tasks = drop_quarantined(tasks, t.quarantine)
     return PackDomain(t.domain, tasks, default), {task.verifier for task in tasks if task.verifier}
+
+
+SANDBOXED_BY_DEFAULT = ("polyrl.domains.agent:AgentDomain.toolbox",)
+"""Tool factories whose domains run their tools in a tool host unless the run file says otherwise."""
+
+
+def episode_tools(t: RLTask, toolbox_for: Callable[[Task], ToolBox]) -> Callable[[Task], ToolBox]:
+    """Each episode's tools for rl_tasks entry `t`, run where `t.tools.isolation` says."""
+    isolation = t.tools.isolation or ("sandbox" if factory_name(toolbox_for) in SANDBOXED_BY_DEFAULT else "none")
+    if isolation == "none":
+        return toolbox_for
+    sandbox = SandboxConfig(allow_unsafe=True) if isolation == "sandbox" else \
+        SandboxConfig(isolation="none", allow_unsafe=True)
+    settings = ToolHostSettings(t.tools.timeout_s, t.tools.output_bytes, t.tools.memory_MB, sandbox=sandbox)
+    try:
+        return isolated(toolbox_for, settings)
+    except ValueError as err:
+        raise ValueError(f"rl_tasks domain {t.domain!r}: tools.isolation {isolation!r}: {err}; "
+                         "use tools.isolation: none for this domain") from None
 
 
 def _pack_tools(domain: Domain) -> Any:
