@@ -67,15 +67,15 @@ the limits its field's docstring states."""
 
 
 class ToolsConfig(BaseModel):
-    """Where an agent domain's tool calls run (polyrl/agent/tool_host.py; docs/agents.md)."""
+    """Where an agent domain's tool calls run (polyrl/agent/tool_host.py; docs/tools.md)."""
 
     model_config = _STRICT
 
-    isolation: Literal["sandbox", "process", "none"] | None = None
-    """sandbox: a tool host per episode in bubblewrap (a plain process where bubblewrap is not installed);
-    process: a plain process per episode (timeouts and limits, no isolation); none: in the trainer's process
-    (trusted tools only, no timeout); null = the domain's default (sandbox for the built-in agent domain,
-    none for the others)"""
+    isolation: Literal["sandbox", "process", "none"] = "none"
+    """none: in the trainer's process (trusted tools only: no timeout, no output limit); sandbox: a tool
+    host per episode in bubblewrap (a plain process where bubblewrap is not installed), with the limits
+    below; process: a plain process per episode with the same limits and no isolation. A tool host costs
+    about 50 ms to start per episode, which is why none is the default (BENCHMARKS.md, tool isolation)"""
     timeout_s: float = Field(10.0, gt=0, le=3600)
     """wall-clock limit of one tool call (sandbox, process); past it the episode's tool host is stopped
     (at most 3600)"""

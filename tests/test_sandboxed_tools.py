@@ -304,17 +304,21 @@ def _run_file(tools: str = "", domain: str = "agent") -> str:
 def test_run_file_chooses_where_tools_run():
     task = AgentDomain().sample("train", 1, seed=0)[0]
     default = build_domains(load_config_text(_run_file()), verifiers=False).specs["agent"].agent
-    assert isinstance(default.toolbox_for(task), SandboxedToolBox)
-    tools = default.toolbox_for(task)
+    assert default.toolbox_for is AgentDomain.toolbox  # in-process unless the run file says otherwise
+
+    sandboxed = build_domains(load_config_text(_run_file("    tools: {isolation: sandbox}\n")), verifiers=False)
+    tools = sandboxed.specs["agent"].agent.toolbox_for(task)
+    assert isinstance(tools, SandboxedToolBox) and tools.session is None  # nothing runs before a call
     assert tools.settings.timeout_s == 10.0 and tools.settings.sandbox.isolation == "bwrap"
+    assert tools.settings.sandbox.allow_unsafe  # a plain process where bubblewrap is missing
 
     text = _run_file("    tools: {isolation: process, timeout_s: 2.5, output_bytes: 4096, memory_MB: 256}\n")
     chosen = build_domains(load_config_text(text), verifiers=False).specs["agent"].agent.toolbox_for(task)
     assert (chosen.settings.timeout_s, chosen.settings.output_bytes, chosen.settings.memory_MB) == (2.5, 4096, 256)
     assert chosen.settings.sandbox.isolation == "none"
 
-    inline = build_domains(load_config_text(_run_file("    tools: {isolation: none}\n")), verifiers=False)
-    assert inline.specs["agent"].agent.toolbox_for is AgentDomain.toolbox
+    with pytest.raises(ValueError, match="rl_tasks domain 'swe': tools.isolation 'sandbox'.*isolation: none"):
+        build_domains(load_config_text(_run_file("    tools: {isolation: sandbox}\n", "swe")), verifiers=False)
 
 
 @pytest.mark.parametrize("tools, message", [

@@ -9,7 +9,7 @@ import hashlib
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from polyrl.agent.tool_host import ToolHostSettings, factory_name, isolated
+from polyrl.agent.tool_host import ToolHostSettings, isolated
 from polyrl.agent.tools import ToolBox
 from polyrl.config import RLTask, RunConfig
 from polyrl.domains.base import Domain
@@ -102,13 +102,9 @@ def _source(t: RLTask) -> tuple[Domain, set[str]]:
     return PackDomain(t.domain, tasks, default), {task.verifier for task in tasks if task.verifier}
 
 
-SANDBOXED_BY_DEFAULT = ("polyrl.domains.agent:AgentDomain.toolbox",)
-"""Tool factories whose domains run their tools in a tool host unless the run file says otherwise."""
-
-
 def episode_tools(t: RLTask, toolbox_for: Callable[[Task], ToolBox]) -> Callable[[Task], ToolBox]:
     """Each episode's tools for rl_tasks entry `t`, run where `t.tools.isolation` says."""
-    isolation = t.tools.isolation or ("sandbox" if factory_name(toolbox_for) in SANDBOXED_BY_DEFAULT else "none")
+    isolation = t.tools.isolation
     if isolation == "none":
         return toolbox_for
     sandbox = SandboxConfig(allow_unsafe=True) if isolation == "sandbox" else \
