@@ -2,10 +2,13 @@
 
     python bench/tool_isolation.py [--calls 2000] [--episodes 40] [--steps 4] [--no-tiny]
 
-Arms: "in-process" (ToolBox, the tools in this process), "process" (a tool host per
-episode, a plain subprocess: SandboxConfig(isolation="none")) and "sandbox" (a tool host
-per episode in bubblewrap; left out where bwrap is not installed). All on the built-in
-agent domain's tools (polyrl/agent/tool_host.py).
+Arms: "in-process" (ToolBox, the tools in this process); "process" (a tool host per
+episode, a plain process forked from a warm session zygote: SandboxConfig(isolation="none"));
+"sandbox" (a tool host per episode in fresh bubblewrap namespaces, forked from a warm
+session zygote: the default start="fork"); "sandbox-spawn" (a new bubblewrap and
+interpreter per episode: start="spawn"). The sandbox arms are left out where bwrap is not
+installed. All on the built-in agent domain's tools (polyrl/agent/tool_host.py); each arm's
+zygote starts before it is timed (its first call in section 1).
 
 1. per call: the median latency of --calls calls (the tasks' gold calls, cycled) on a
    host that is already running;
@@ -42,11 +45,11 @@ from polyrl.domains.agent import AgentDomain  # noqa: E402
 from polyrl.sandbox.types import SandboxConfig  # noqa: E402
 
 ARMS = {"in-process": None, "process": SandboxConfig(isolation="none", allow_unsafe=True),
-        "sandbox": SandboxConfig()}
+        "sandbox": SandboxConfig(), "sandbox-spawn": SandboxConfig(start="spawn")}
 
 
 def arms() -> dict:
-    return {name: cfg for name, cfg in ARMS.items() if name != "sandbox" or shutil.which("bwrap")}
+    return {name: cfg for name, cfg in ARMS.items() if not name.startswith("sandbox") or shutil.which("bwrap")}
 
 
 def tools_for(sandbox):
@@ -161,7 +164,7 @@ def show(title: str, figures: dict[str, float], unit: str = "ms") -> None:
     scale = 1000 if unit == "ms" else 1
     print(title)
     for name, value in figures.items():
-        print(f"  {name:<11} {value * scale:10.3f} {unit}   {value / base:8.2f}x in-process")
+        print(f"  {name:<13} {value * scale:10.3f} {unit}   {value / base:8.2f}x in-process")
 
 
 def main() -> int:

@@ -23,6 +23,8 @@ from polyrl.config import load_config_text
 from polyrl.domains.agent import AgentDomain
 from polyrl.engine.base import SamplingParams
 from polyrl.rollout.episodes import rollout_episodes
+from polyrl.sandbox import session as session_module
+from polyrl.sandbox.session import close_zygotes, zygote_processes
 from polyrl.sandbox.types import SandboxConfig
 from polyrl.train.setup import build_domains
 from polyrl.types import Task
@@ -34,8 +36,9 @@ from tests.test_agent_episodes import DemoEngine
 HAS_BWRAP = shutil.which("bwrap") is not None
 SANDBOX = SandboxConfig(allow_unsafe=False)
 PROCESS = SandboxConfig(isolation="none", allow_unsafe=True)
-MODES = [pytest.param(SANDBOX, id="sandbox",
-                      marks=pytest.mark.skipif(not HAS_BWRAP, reason="bubblewrap (bwrap) is not installed")),
+SPAWN = SandboxConfig(allow_unsafe=False, start="spawn")
+NO_BWRAP = pytest.mark.skipif(not HAS_BWRAP, reason="bubblewrap (bwrap) is not installed")
+MODES = [pytest.param(SANDBOX, id="sandbox", marks=NO_BWRAP), pytest.param(SPAWN, id="sandbox-spawn", marks=NO_BWRAP),
          pytest.param(PROCESS, id="process")]
 WORLD = "tests.tool_worlds:misbehaving"
 TASK = Task(id="t1", domain="toy", prompt="do things", answer="gold-answer", data={"secret": "s3"})
@@ -92,17 +95,30 @@ def eventually(check, seconds: float = 3.0):
     return value
 
 
-def gone() -> bool:
+def hosts() -> set[int]:
+    """Live processes below this one that are not a session zygote: tool hosts and what they started."""
+    return descendants() - zygote_processes()
+
+
+def ended() -> bool:
     """No tool host below this process, and no process a tool started, anywhere."""
+    return not hosts() and not sleepers()
+
+
+def gone() -> bool:
+    """Nothing at all below this process (the session zygotes closed too)."""
     return not descendants() and not sleepers()
 
 
 @pytest.fixture(autouse=True)
 def no_leftovers():
+    close_zygotes()
     assert eventually(gone), "an earlier test left a tool host or a tool's process behind"
     yield
     gc.collect()
-    assert eventually(gone), "a tool host or a process a tool started outlived its test"
+    assert eventually(ended), "a tool host or a process a tool started outlived its test"
+    close_zygotes()
+    assert eventually(gone), "a session zygote outlived close_zygotes()"
 
 
 # ---------------------------------------------------------------- hangs, floods, crashes
@@ -207,14 +223,14 @@ def test_state_persists_within_an_episode_and_never_leaks_into_the_next(sandbox)
 
 @pytest.mark.parametrize("sandbox", MODES)
 def test_no_process_survives_the_episode(sandbox):
-    detach = sandbox is SANDBOX  # a process in a session of its own escapes a plain host's group
+    detach = sandbox.isolation == "bwrap"  # a process in a session of its own escapes a plain host's group
     tools = host(sandbox)
     assert descendants() == set()  # nothing starts before the first call
     assert run(tools, "spawn", detach=detach).ok
-    assert eventually(sleepers) and descendants()
+    assert eventually(sleepers) and hosts()
     tools.close()
     tools.close()
-    assert eventually(gone)
+    assert eventually(ended) and bool(zygote_processes()) == (sandbox.start == "fork")  # a warm zygote stays
     assert run(tools, "count").error_type == "tool_host_stopped"
 
     forgotten = host(sandbox)  # never closed: collected with its SandboxedToolBox
@@ -222,7 +238,21 @@ def test_no_process_survives_the_episode(sandbox):
     assert eventually(sleepers)
     del forgotten
     gc.collect()
-    assert eventually(gone)
+    assert eventually(ended)
+
+
+@pytest.mark.parametrize("sandbox", [m for m in MODES if m.id != "sandbox-spawn"])
+def test_a_dead_zygote_costs_its_hosts_and_the_next_episode_starts_another(sandbox):
+    first = host(sandbox)
+    assert run(first, "count").ok
+    (zygote,) = session_module._zygotes.values()
+    os.kill(zygote.proc.pid, 9)
+    zygote.proc.wait()
+    if sandbox.isolation == "bwrap":  # the zygote was pid 1 of the sandbox: its hosts go with it
+        assert eventually(lambda: run(first, "count").error_type == "tool_host_stopped")
+    with host(sandbox) as second:
+        assert run(second, "count").content == "1 of toolbox 1"
+    first.close()
 
 
 @pytest.mark.parametrize("sandbox", MODES)
@@ -240,7 +270,7 @@ def test_a_rollout_ends_every_host_even_when_the_engine_fails(sandbox, tmp_path)
     episodes = rollout_episodes(engine, tok, tasks, 2, SamplingParams(), toolbox_for, AgentConfig(max_tokens=96))
     assert all(e.result.answer == e.task.answer for e in episodes)
     assert all(t.stopped and t.session is not None for t in made)  # each host ran, then was ended
-    assert eventually(gone)
+    assert eventually(ended)
 
     class FailingEngine(DemoEngine):
         def generate(self, prompts, n, sampling):
@@ -253,7 +283,7 @@ def test_a_rollout_ends_every_host_even_when_the_engine_fails(sandbox, tmp_path)
         rollout_episodes(FailingEngine(tok, tasks), tok, tasks, 2, SamplingParams(), toolbox_for,
                          AgentConfig(max_tokens=96))
     assert made and all(t.stopped for t in made)
-    assert eventually(gone)
+    assert eventually(ended)
 
 
 # ---------------------------------------------------------------- the agent domain, both ways

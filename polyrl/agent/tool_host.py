@@ -191,7 +191,7 @@ class SandboxedToolBox(ToolBox):
             packages = import_roots(SERVER, module)
         except (ImportError, ValueError) as err:
             return f"cannot import {self.factory}: {err}"
-        self.session = Session(["python", "-m", SERVER], s.sandbox, packages, s.memory_MB,
+        self.session = Session(f"{SERVER}:main", s.sandbox, packages, [module], s.memory_MB,
                                Limits(processes=s.processes), stderr_flood=s.output_bytes)
         failure = self.session.start()
         if failure is not None:
