@@ -155,8 +155,8 @@ def quickstart_agent(steps: int) -> dict[str, float]:
                 times[name].append(time.perf_counter() - start)
                 calls[name] += sum(len(x.result.tool_results) for g in groups for x in g.samples)
     engine.close()
-    print(f"  ({prompts} tasks x {cfg.trainer.group_size} episodes per step; tool calls per arm: {calls})")
-    return {name: statistics.median(t) for name, t in times.items()}
+    note = f"  ({prompts} tasks x {cfg.trainer.group_size} episodes per step; tool calls per arm: {calls})"
+    return {name: statistics.median(t) for name, t in times.items()}, note
 
 
 def show(title: str, figures: dict[str, float], unit: str = "ms") -> None:
@@ -180,8 +180,9 @@ def main() -> int:
     show(f"2. an episode's first call: start the host and answer (median of {len(tasks)})", first_call(tasks))
     show(f"3. scripted agent episode, demonstration replayed (median of {len(tasks)})", scripted_episodes(tasks))
     if not args.no_tiny:
-        show(f"4. quickstart agent rollout on the tiny model, per step (median of {args.steps})",
-             quickstart_agent(args.steps), "s")
+        figures, note = quickstart_agent(args.steps)
+        show(f"4. quickstart agent rollout on the tiny model, per step (median of {args.steps})", figures, "s")
+        print(note)
     return 0
 
 

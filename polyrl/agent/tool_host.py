@@ -4,9 +4,11 @@
 are declared here (names, descriptions, schemas: the system prompt needs them before any
 call), but its calls run in a tool host, a program (tool_server.py) in a sandbox session
 of polyrl.sandbox (session.py: bubblewrap when installed, the sandbox package's rules
-otherwise). Inside, the episode's ToolBox is rebuilt by an importable factory
-("module:function", called with the task: id, domain, prompt, split, difficulty, data;
-never its answer) and every call travels as one JSON line each way.
+otherwise; with the default start="fork" each host is forked into fresh namespaces from a
+warm session zygote, a few milliseconds, instead of starting bubblewrap and an
+interpreter, about 50 ms). Inside, the episode's ToolBox is rebuilt by an importable
+factory ("module:function", called with the task: id, domain, prompt, split, difficulty,
+data; never its answer) and every call travels as one JSON line each way.
 
 Lifetime. The host starts on the episode's first call (an episode that calls no tool
 starts nothing) and keeps its ToolBox, so a stateful world's state persists between the
@@ -33,7 +35,8 @@ RLIMIT_AS (`memory_MB`): a tool that passes it fails as "MemoryError", the host 
 Not covered: tools whose factory is not importable (closures, methods of live objects
 holding host resources, such as the swe domain's sandbox pool: they stay in-process),
 factories that need packages outside the standard library and the factory's own package
-(the host's interpreter runs without site-packages), and parallel calls within a host.
+(the host's interpreter runs without site-packages), parallel calls within a host, and
+starting hosts ahead of their first call.
 """
 
 from __future__ import annotations
