@@ -75,7 +75,7 @@ class ToolsConfig(BaseModel):
     """none: in the trainer's process (trusted tools only: no timeout, no output limit); sandbox: a tool
     host per episode in bubblewrap (a plain process where bubblewrap is not installed), with the limits
     below; process: a plain process per episode with the same limits and no isolation. A tool host adds
-    about 5 to 8 ms per episode, which is why none is the default (docs/tools.md, BENCHMARKS.md)"""
+    about 5 to 10 ms per episode, which is why none is the default (docs/tools.md, BENCHMARKS.md)"""
     timeout_s: float = Field(10.0, gt=0, le=3600)
     """wall-clock limit of one tool call (sandbox, process); past it the episode's tool host is stopped
     (at most 3600)"""
