@@ -347,6 +347,10 @@ def test_run_file_chooses_where_tools_run():
     assert (chosen.settings.timeout_s, chosen.settings.output_bytes, chosen.settings.memory_MB) == (2.5, 4096, 256)
     assert chosen.settings.sandbox.isolation == "none"
 
+    written_out = "    tools: {isolation: none, timeout_s: 10.0, output_bytes: 65536, memory_MB: 512}\n"
+    assert build_domains(load_config_text(_run_file(written_out, "math")), verifiers=False)  # a resumed run
+    with pytest.raises(ValueError, match="rl_tasks domain 'math': `tools` is set, but this domain has no tools"):
+        build_domains(load_config_text(_run_file("    tools: {isolation: sandbox}\n", "math")), verifiers=False)
     with pytest.raises(ValueError, match="rl_tasks domain 'swe': tools.isolation 'sandbox'.*isolation: none"):
         build_domains(load_config_text(_run_file("    tools: {isolation: sandbox}\n", "swe")), verifiers=False)
 

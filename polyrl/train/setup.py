@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from polyrl.agent.tool_host import ToolHostSettings, isolated
 from polyrl.agent.tools import ToolBox
-from polyrl.config import RLTask, RunConfig
+from polyrl.config import RLTask, RunConfig, ToolsConfig
 from polyrl.domains.base import Domain
 from polyrl.engine.base import SamplingParams
 from polyrl.rewards.base import Verifier
@@ -62,6 +62,8 @@ def build_domains(cfg: RunConfig, execution_log: ExecutionLog | None = None, ver
             options.setdefault(check, (check, {}))
         options.update((n, (n, {})) for n in named if n not in options)
         tools = domain if hasattr(domain, "toolbox") else _pack_tools(domain)  # tools: rolls out as episodes
+        if tools is None and t.tools != ToolsConfig():  # (a resumed run's config.yaml writes the defaults out)
+            raise ValueError(f"rl_tasks domain {t.domain!r}: `tools` is set, but this domain has no tools")
         max_tokens = t.max_tokens or cfg.engine.max_tokens
         sampling = SamplingParams(temperature=cfg.engine.temperature, top_p=cfg.engine.top_p,
                                   top_k=cfg.engine.top_k, max_tokens=max_tokens)
