@@ -4,7 +4,7 @@ A run file is YAML. `load_config` parses it, validates it against `RunConfig` an
 anything is wrong, raises one `ConfigError` listing every problem, one per line:
 
     run.yaml:12: trainer.lr: got -1; must be > 0
-    run.yaml:4: rl_tasks[0].wieght: unknown key 'wieght'; allowed: domain, reward, weight, pack, options, quarantine, kl_coef, kl_target, max_tokens, reward_options, check, max_steps, on_flag, name, expand; did you mean 'weight'?
+    run.yaml:4: rl_tasks[0].wieght: unknown key 'wieght'; allowed: domain, reward, weight, pack, options, quarantine, kl_coef, kl_target, max_tokens, reward_options, check, max_steps, episode_tokens, tools, on_flag, name, expand; did you mean 'weight'?
 
 Every default lives in the field definitions below; a run file only states what differs.
 Out of scope: command-line overrides and what a field means at run time (the trainer,
@@ -46,6 +46,7 @@ __all__ = [
     "Problem",
     "OnFlag",
     "RLTask",
+    "ToolsConfig",
     "PolicyConfig",
     "EngineConfig",
     "TrainerConfig",
@@ -63,6 +64,25 @@ the limits its field's docstring states."""
 
 
 # ---------------------------------------------------------------------------- schema
+
+
+class ToolsConfig(BaseModel):
+    """Where an agent domain's tool calls run (polyrl/agent/tool_host.py; docs/tools.md)."""
+
+    model_config = _STRICT
+
+    isolation: Literal["sandbox", "process", "none"] = "none"
+    """none: in the trainer's process (trusted tools only: no timeout, no output limit); sandbox: a tool
+    host per episode in bubblewrap (a plain process where bubblewrap is not installed), with the limits
+    below; process: a plain process per episode with the same limits and no isolation. A tool host adds
+    about 5 to 10 ms per episode, which is why none is the default (docs/tools.md, BENCHMARKS.md)"""
+    timeout_s: float = Field(10.0, gt=0, le=3600)
+    """wall-clock limit of one tool call (sandbox, process); past it the episode's tool host is stopped
+    (at most 3600)"""
+    output_bytes: int = Field(65536, ge=256, le=2**26)
+    """largest result of one tool call in bytes (sandbox, process); longer ones are cut (256 to 2**26)"""
+    memory_MB: int = Field(512, ge=64, le=2**20)
+    """address-space limit of the episode's tool host in MiB (sandbox, process; 64 to 2**20)"""
 
 
 class RLTask(BaseModel):
@@ -107,6 +127,8 @@ class RLTask(BaseModel):
     """agent domains: token budget of each episode in training and held-out rollouts (prompt +
     completion tokens of every model call, polyrl/agent/budget.py); as it runs out the loop compresses
     the context, then stops with "budget" and asks for a stage conclusion; null = no budget"""
+    tools: ToolsConfig = Field(default_factory=ToolsConfig)
+    """agent domains: where tool calls run, with their timeout and output limit"""
     on_flag: OnFlag = Field(default_factory=OnFlag)
     """what a reward-hacking or divergence flag on this domain does (default: nothing but the flag)"""
     name: str | None = Field(None, min_length=1, max_length=200)

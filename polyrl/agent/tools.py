@@ -15,9 +15,15 @@ Argument checking covers the schema subset tools here use: an object with
 and `additionalProperties: false`. Values are coerced where a model's intent is
 unambiguous: "3" and 3.0 for an integer, 3 for a number, "true" for a boolean.
 
-Out of scope: nested object schemas ($ref, oneOf, anyOf), async tools, per-call
-timeouts (a tool that hangs hangs its episode), and sandboxing: tools run in-process,
-so they must be trusted code (the simulated worlds of polyrl.domains are).
+A ToolBox runs its tools in this process: no timeout, no output cap, so it is for
+trusted code. `polyrl.agent.tool_host.SandboxedToolBox` is the same interface with every
+call run in a sandboxed tool host per episode (bubblewrap where installed), with a
+wall-clock timeout, an output cap and a memory limit per call; run files choose it per
+domain (`rl_tasks[].tools.isolation`). Callers `close()` an episode's tools when the
+episode ends (a no-op here).
+
+Out of scope: nested object schemas ($ref, oneOf, anyOf), async tools, and per-call
+timeouts in-process (a tool that hangs here hangs its episode: use the tool host).
 """
 
 from __future__ import annotations
@@ -191,3 +197,12 @@ class ToolBox:
                     outcome = ToolOutcome(f"Error: {message}", type(exc).__name__)
         outcome.latency_s = time.perf_counter() - start
         return outcome
+
+    def close(self) -> None:
+        """Release what the tools hold; nothing for in-process tools (SandboxedToolBox ends its host)."""
+
+    def __enter__(self) -> "ToolBox":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -4,7 +4,8 @@ Every episode runs the agent loop (polyrl.agent.loop) against its own EngineChat
 which records the episode's tokens. The driver advances all episodes together: it
 collects the pending model request of every live episode, answers them with one
 batched `Engine.generate` call (per distinct max_tokens), feeds each reply back, and
-repeats until every episode has ended. Tools run inside each episode's loop.
+repeats until every episode has ended. Tools run inside each episode's loop; each
+episode's ToolBox is closed when the episode ends (a sandboxed one ends its tool host).
 
 What comes back, per episode (`Episode`):
 
@@ -152,39 +153,46 @@ def rollout_episodes(engine: Engine, tokenizer: Tokenizer, tasks: Sequence[Task]
     """
     assert group_size >= 1
     sessions: list[EngineChatModel] = []
+    toolboxes: list[ToolBox] = []
     episodes = []
-    for i, task in enumerate(tasks):
-        for j in range(group_size):
-            session = EngineChatModel(engine, tokenizer, sampling, context_window=context_window)
-            budget = TokenBudget(episode_budget) if episode_budget is not None else None
-            trace_id = f"{trace_prefix}-{i}-{j}-{task.id}"
-            sessions.append(session)
-            episodes.append(agent_episode(task.prompt, toolbox_for(task), [ModelSlot(session)], config, budget,
-                                          recorder, trace_id, task.id))
+    try:
+        for i, task in enumerate(tasks):
+            for j in range(group_size):
+                session = EngineChatModel(engine, tokenizer, sampling, context_window=context_window)
+                budget = TokenBudget(episode_budget) if episode_budget is not None else None
+                trace_id = f"{trace_prefix}-{i}-{j}-{task.id}"
+                sessions.append(session)
+                toolboxes.append(toolbox_for(task))
+                episodes.append(agent_episode(task.prompt, toolboxes[-1], [ModelSlot(session)], config, budget,
+                                              recorder, trace_id, task.id))
 
-    results: dict[int, AgentResult] = {}
-    pending: dict[int, ModelRequest] = {}
-    call_versions: list[list[list[int]]] = [[] for _ in episodes]
-    for k, episode in enumerate(episodes):
-        _advance(k, episode, None, pending, results)
+        results: dict[int, AgentResult] = {}
+        pending: dict[int, ModelRequest] = {}
+        call_versions: list[list[list[int]]] = [[] for _ in episodes]
+        for k, episode in enumerate(episodes):
+            _advance(k, episode, None, pending, results, toolboxes)
 
-    round_index = 0
-    while pending:
-        by_max_tokens: dict[int, list[int]] = defaultdict(list)
-        for k, request in pending.items():
-            by_max_tokens[request.max_tokens].append(k)
-        for max_tokens, ks in sorted(by_max_tokens.items()):
-            prompts = [sessions[k].prepare(pending[k]) for k in ks]
-            params = replace(sampling, max_tokens=max_tokens, seed=_round_seed(sampling.seed, round_index, max_tokens))
-            start = time.perf_counter()
-            completions = engine.generate(prompts, 1, params)
-            duration = time.perf_counter() - start  # one batched call: each reply reports its share of it
-            shares = latency_shares(duration, [len(c.token_ids) for c in completions])
-            for k, prompt_ids, completion, share in zip(ks, prompts, completions, shares):
-                call_versions[k].append(completion.versions())
-                reply = sessions[k].finish(prompt_ids, completion, share)
-                _advance(k, episodes[k], reply, pending, results)
-        round_index += 1
+        round_index = 0
+        while pending:
+            by_max_tokens: dict[int, list[int]] = defaultdict(list)
+            for k, request in pending.items():
+                by_max_tokens[request.max_tokens].append(k)
+            for max_tokens, ks in sorted(by_max_tokens.items()):
+                prompts = [sessions[k].prepare(pending[k]) for k in ks]
+                params = replace(sampling, max_tokens=max_tokens,
+                                 seed=_round_seed(sampling.seed, round_index, max_tokens))
+                start = time.perf_counter()
+                completions = engine.generate(prompts, 1, params)
+                duration = time.perf_counter() - start  # one batched call: each reply reports its share of it
+                shares = latency_shares(duration, [len(c.token_ids) for c in completions])
+                for k, prompt_ids, completion, share in zip(ks, prompts, completions, shares):
+                    call_versions[k].append(completion.versions())
+                    reply = sessions[k].finish(prompt_ids, completion, share)
+                    _advance(k, episodes[k], reply, pending, results, toolboxes)
+            round_index += 1
+    finally:  # every episode's tools end, whatever went wrong (a sandboxed tool host is a process)
+        for tools in toolboxes:
+            tools.close()
 
     return [Episode(tasks[k // group_size], k % group_size, sessions[k].trace.segments, results[k],
                     sessions[k].weight_versions, engine.weight_version, call_versions[k])
@@ -192,13 +200,15 @@ def rollout_episodes(engine: Engine, tokenizer: Tokenizer, tasks: Sequence[Task]
 
 
 def _advance(k: int, episode, reply: ModelReply | None, pending: dict[int, ModelRequest],
-             results: dict[int, AgentResult]) -> None:
-    """Feed `reply` to episode k (None starts it); file its next request or its result."""
+             results: dict[int, AgentResult], toolboxes: list[ToolBox]) -> None:
+    """Feed `reply` to episode k (None starts it); file its next request, or its result
+    (and close its tools: the episode has ended)."""
     try:
         pending[k] = next(episode) if reply is None else episode.send(reply)
     except StopIteration as done:
         pending.pop(k, None)
         results[k] = done.value
+        toolboxes[k].close()
 
 
 def _round_seed(seed: int | None, round_index: int, max_tokens: int) -> int | None:

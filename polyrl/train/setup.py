@@ -9,7 +9,9 @@ import hashlib
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from polyrl.config import RLTask, RunConfig
+from polyrl.agent.tool_host import ToolHostSettings, isolated
+from polyrl.agent.tools import ToolBox
+from polyrl.config import RLTask, RunConfig, ToolsConfig
 from polyrl.domains.base import Domain
 from polyrl.engine.base import SamplingParams
 from polyrl.rewards.base import Verifier
@@ -17,6 +19,7 @@ from polyrl.rewards.registry import get_verifier
 from polyrl.rl.curriculum import CapabilityCurriculum, CurveSettings
 from polyrl.rollout.spec import AgentSpec, DomainSpec
 from polyrl.sandbox.execution_log import ExecutionLog
+from polyrl.sandbox.types import SandboxConfig
 from polyrl.types import Task
 
 
@@ -60,6 +63,8 @@ def build_domains(cfg: RunConfig, execution_log: ExecutionLog | None = None, ver
             options.setdefault(check, (check, {}))
         options.update((n, (n, {})) for n in named if n not in options)
         tools = domain if hasattr(domain, "toolbox") else _pack_tools(domain)  # tools: rolls out as episodes
+        if tools is None and t.tools != ToolsConfig():  # (a resumed run's config.yaml writes the defaults out)
+            raise ValueError(f"rl_tasks domain {t.domain!r}: `tools` is set, but this domain has no tools")
         max_tokens = t.max_tokens or cfg.engine.max_tokens
         sampling = SamplingParams(temperature=cfg.engine.temperature, top_p=cfg.engine.top_p,
                                   top_k=cfg.engine.top_k, max_tokens=max_tokens)
@@ -67,7 +72,7 @@ def build_domains(cfg: RunConfig, execution_log: ExecutionLog | None = None, ver
             name=t.run_name, source=domain, weight=t.weight, verifier=key, check=check or None, sampling=sampling,
             eval_sampling=replace(sampling, max_tokens=cfg.eval.max_tokens or max_tokens),
             kl_coef=cfg.trainer.kl_coef if t.kl_coef is None else t.kl_coef, kl_target=t.kl_target,
-            agent=AgentSpec(tools.toolbox, t.max_steps if "max_steps" in t.model_fields_set
+            agent=AgentSpec(episode_tools(t, tools.toolbox), t.max_steps if "max_steps" in t.model_fields_set
                             else getattr(tools, "max_steps", t.max_steps),
                             getattr(tools, "result_chars", 400), t.episode_tokens)
             if tools is not None else None)
@@ -112,6 +117,21 @@ def _verifier_key(taken: dict[str, tuple[str, dict]], name: str, options: dict, 
         return name
     same = [k for k, v in taken.items() if v == (name, options) and k != name]
     return same[0] if same else f"{name}@{domain}"
+
+
+def episode_tools(t: RLTask, toolbox_for: Callable[[Task], ToolBox]) -> Callable[[Task], ToolBox]:
+    """Each episode's tools for rl_tasks entry `t`, run where `t.tools.isolation` says."""
+    isolation = t.tools.isolation
+    if isolation == "none":
+        return toolbox_for
+    sandbox = SandboxConfig(allow_unsafe=True) if isolation == "sandbox" else \
+        SandboxConfig(isolation="none", allow_unsafe=True)
+    settings = ToolHostSettings(t.tools.timeout_s, t.tools.output_bytes, t.tools.memory_MB, sandbox=sandbox)
+    try:
+        return isolated(toolbox_for, settings)
+    except ValueError as err:
+        raise ValueError(f"rl_tasks domain {t.domain!r}: tools.isolation {isolation!r}: {err}; "
+                         "use tools.isolation: none for this domain") from None
 
 
 def _pack_tools(domain: Domain) -> Any:
