@@ -97,3 +97,15 @@ def misbehaving(task: Task) -> ToolBox:
 
 def broken(task: Task) -> ToolBox:
     raise RuntimeError("this world cannot be built")
+
+
+def exploit(task: Task) -> ToolBox:
+    """One tool, `solve`, that runs the task's `code` (an exploit of tests/test_sandbox_exploits.py)
+    and calls its add(1, 2): the exploit suite applied to a tool instead of a graded program."""
+
+    def solve() -> str:
+        namespace: dict = {"__name__": "exploit"}
+        exec(task.data["code"], namespace)  # noqa: S102 -- running hostile code is the point
+        return repr(namespace["add"](1, 2))
+
+    return ToolBox([Tool("solve", "run the solution", _schema(), solve)])

@@ -29,6 +29,10 @@ import signal
 import socket
 import sys
 
+_KILL_WAIT_S = 10.0
+"""How long a kill waits for an isolated session's namespace to be gone (see _wait_gone)."""
+_FORK_RETRY_S = 3.0
+"""How long a session start waits for the process budget to come back (see _spawn_retrying)."""
 _cells = {}
 """pid of a session -> (pid of the process to reap: its outer one when isolated, pidfd, isolated)."""
 
@@ -41,10 +45,15 @@ def _reap(*_):
             return
         if pid == 0:
             return
-        for session, (outer, pidfd, _isolated) in list(_cells.items()):
-            if outer == pid:
-                os.close(pidfd)
-                del _cells[session]
+        _forget(pid)
+
+
+def _forget(outer_pid):
+    """Drop the session whose outer process `outer_pid` was reaped."""
+    for session, (outer, pidfd, _isolated) in list(_cells.items()):
+        if outer == outer_pid:
+            os.close(pidfd)
+            del _cells[session]
 
 
 def _session(request, fds):
@@ -81,8 +90,45 @@ def _session(request, fds):
     os._exit(status)
 
 
+def _wait_gone(outer):
+    """Wait (at most _KILL_WAIT_S) until the outer process of a killed isolated session has
+    exited: it waits for the namespace's pid 1, whose exit waits until the kernel has killed
+    and reaped every process of the namespace. So the killed session's processes are gone
+    (and their share of the process budget back) before the next session is forked."""
+    import time
+
+    deadline = time.monotonic() + _KILL_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            pid, _status = os.waitpid(outer, os.WNOHANG)
+        except ChildProcessError:  # reaped already (by _reap)
+            return
+        if pid == outer:
+            _forget(outer)
+            return
+        time.sleep(0.01)
+
+
+def _spawn_retrying(request, fds):
+    """_spawn, retried while fork fails with EAGAIN: the processes of a session just killed
+    (a fork bomb's thousand) hold the sessions' shared RLIMIT_NPROC budget until the kernel
+    has reaped them, which takes a fraction of a second; the next episode's session waits
+    for that instead of failing."""
+    import time
+
+    deadline = time.monotonic() + _FORK_RETRY_S
+    while True:
+        try:
+            return _spawn(request, fds)
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def _spawn(request, fds):
-    """Fork the session; (pid to kill it by, pid to reap)."""
+    """Fork the session; (pid to kill it by, pid to reap). BlockingIOError when a fork
+    finds the process budget spent."""
     if not request["isolate"]:
         pid = os.fork()
         if pid == 0:
@@ -117,6 +163,8 @@ def _spawn(request, fds):
     os.close(report_w)
     line = z._read_line(report_r).decode().strip()
     os.close(report_r)
+    if line.startswith("fail BlockingIOError"):
+        raise BlockingIOError("session setup failed: " + line)
     if not line.isdigit():
         raise OSError("session setup failed: " + line)
     return int(line), outer
@@ -148,13 +196,14 @@ def main():
                     try:
                         if entry[2]:  # pid 1 of its namespace: everything in it dies too
                             signal.pidfd_send_signal(entry[1], signal.SIGKILL)
+                            _wait_gone(entry[0])
                         else:  # a session leader: its process group
                             os.killpg(request["kill"], signal.SIGKILL)
                     except ProcessLookupError:
                         pass
                 reply = {"killed": request["kill"]}
             else:
-                pid, outer = _spawn(request, fds)
+                pid, outer = _spawn_retrying(request, fds)
                 _cells[pid] = (outer, os.pidfd_open(pid), request["isolate"])
                 reply = {"pid": pid}
         except BaseException as err:  # noqa: BLE001 -- the host reads it
