@@ -95,9 +95,14 @@ def eventually(check, seconds: float = 3.0):
     return value
 
 
+BEFORE: set[int] = set()
+"""Processes below this one when the test started (other test files' workers): not ours to check."""
+
+
 def hosts() -> set[int]:
-    """Live processes below this one that are not a session zygote: tool hosts and what they started."""
-    return descendants() - zygote_processes()
+    """Live processes below this one that are not a session zygote and were not there before the
+    test: tool hosts and what they started."""
+    return descendants() - zygote_processes() - BEFORE
 
 
 def ended() -> bool:
@@ -106,14 +111,16 @@ def ended() -> bool:
 
 
 def gone() -> bool:
-    """Nothing at all below this process (the session zygotes closed too)."""
-    return not descendants() and not sleepers()
+    """Nothing below this process that the test started (the session zygotes closed too)."""
+    return not (descendants() - BEFORE) and not sleepers()
 
 
 @pytest.fixture(autouse=True)
 def no_leftovers():
     close_zygotes()
-    assert eventually(gone), "an earlier test left a tool host or a tool's process behind"
+    BEFORE.clear()
+    BEFORE.update(descendants())
+    assert eventually(lambda: not sleepers()), "an earlier test left a tool's process behind"
     yield
     gc.collect()
     assert eventually(ended), "a tool host or a process a tool started outlived its test"
@@ -225,7 +232,7 @@ def test_state_persists_within_an_episode_and_never_leaks_into_the_next(sandbox)
 def test_no_process_survives_the_episode(sandbox):
     detach = sandbox.isolation == "bwrap"  # a process in a session of its own escapes a plain host's group
     tools = host(sandbox)
-    assert descendants() == set()  # nothing starts before the first call
+    assert descendants() - BEFORE == set()  # nothing starts before the first call
     assert run(tools, "spawn", detach=detach).ok
     assert eventually(sleepers) and hosts()
     tools.close()
