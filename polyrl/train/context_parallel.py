@@ -38,7 +38,7 @@ from polyrl.models.context_parallel import SequenceShard, sharded_hidden
 from polyrl.rl.loss import policy_loss as token_policy_loss
 from polyrl.train.batch import token_logprobs
 from polyrl.train.device import resolve_device
-from polyrl.train.distributed import ENV
+from polyrl.train.distributed import ENV, join_process_group
 
 
 class ContextParallel:
@@ -118,12 +118,5 @@ def init_from_env(size: int, device: str = "auto", layout: str = "zigzag",
     missing = [k for k in ENV if k not in os.environ]
     if missing:
         raise RuntimeError(f"trainer.context_parallel: {size} but {', '.join(missing)} not set: launch with torchrun")
-    dev = resolve_device(device)
-    rank = int(os.environ["RANK"])
-    if dev.type == "cuda":
-        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count())))
-        torch.cuda.set_device(dev)
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", rank=rank, world_size=world_size,
-                                device_id=dev if dev.type == "cuda" else None)
+    rank, dev = join_process_group(world_size, resolve_device(device))
     return ContextParallel(rank, world_size, dev, layout=layout, kernel=kernel)

@@ -248,6 +248,13 @@ def init_from_env(device: str = "auto") -> SingleProcess | DataParallel:
     if missing:
         raise RuntimeError(f"WORLD_SIZE={world_size} but {', '.join(missing)} not set: launch with torchrun, or "
                            f"set {', '.join(ENV)} (and LOCAL_RANK) in each process before init_from_env")
+    rank, dev = join_process_group(world_size, dev)
+    return DataParallel(rank, world_size, dev)
+
+
+def join_process_group(world_size: int, dev: torch.device) -> tuple[int, torch.device]:
+    """This process's rank and device in the default process group of torchrun's environment
+    (RANK set), joined once: gloo on CPU, nccl on cuda:LOCAL_RANK."""
     rank = int(os.environ["RANK"])
     if dev.type == "cuda":
         dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count())))
@@ -255,4 +262,4 @@ def init_from_env(device: str = "auto") -> SingleProcess | DataParallel:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", rank=rank, world_size=world_size,
                                 device_id=dev if dev.type == "cuda" else None)
-    return DataParallel(rank, world_size, dev)
+    return rank, dev
