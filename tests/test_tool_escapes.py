@@ -72,7 +72,12 @@ def test_the_hostile_ones_fail_for_the_right_reason_and_the_next_episode_still_s
     # right after the fork bomb's thousand processes are killed, the next episode's host starts
     assert by["sleep_past_deadline"].error_type == "timeout" and by["busy_loop"].error_type == "timeout"
     assert by["huge_return"].error_type == "output_limit" and by["endless_output"].error_type == "output_limit"
-    assert by["os_exit"].error_type == "tool_host_stopped"
-    # only an exploit that breaks the host's own reply (it patches json.dumps) ends as a host error
-    assert [n for n, o in by.items() if o.error_type == "tool_host_error"] in ([], ["patched_print_json_repr"])
+    assert by["os_exit"].error_type == by["posix_exit"].error_type == "tool_host_stopped"
+    # only the exploits that break the host's own reply (one patches json.dumps, one writes protocol
+    # lines into every descriptor) stop the host; depending on when the forged line arrives, the host
+    # reads it as the reply or as an answer out of turn. Either way nothing forged gets through.
+    breakers = {"patched_print_json_repr", "forged_protocol_lines"}
+    stopped = {n for n, o in by.items() if o.error_type in ("tool_host_error", "tool_host_stopped")}
+    assert stopped - {"os_exit", "posix_exit"} <= breakers
+    assert all(by[n].content != "3" for n in breakers)
     assert (by["correct"].error_type, by["correct"].content) == (None, "3")

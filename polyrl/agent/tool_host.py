@@ -113,6 +113,18 @@ def import_roots(*modules: str) -> list[str]:
     return roots
 
 
+def _answer(line: bytes) -> tuple[str, str | None, int] | None:
+    """(content, error_type, total_bytes) of a call's reply; None when it is not one."""
+    try:
+        answer = json.loads(line)
+        content, error_type, total = answer["content"], answer["error_type"], answer["total_bytes"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    if not isinstance(content, str) or not isinstance(total, int) or not isinstance(error_type, (str, type(None))):
+        return None
+    return content, error_type, total
+
+
 def _declared_only(name: str) -> Callable[..., Any]:
     def fn(**_: Any) -> Any:
         raise AssertionError(f"tool {name!r} runs in the tool host, not here")
@@ -180,12 +192,15 @@ class SandboxedToolBox(ToolBox):
             self._stop(f"{call.name} printed more than {s.output_bytes} bytes")
             return ToolOutcome(f"Error: {call.name} printed more than the {s.output_bytes}-byte output limit; "
                                "the tool host was stopped", "output_limit")
-        answer = json.loads(reply.line)
-        content, total = str(answer["content"]), int(answer["total_bytes"])
+        answer = _answer(reply.line)
+        if answer is None:  # a tool wrote into the protocol, or patched what writes it
+            self._stop(f"{call.name} broke the tool host's reply")
+            return ToolOutcome(f"Error: {self.stopped}; the tool host was stopped", "tool_host_error")
+        content, error_type, total = answer
         if total > s.output_bytes:
             return ToolOutcome(f"Error: the output of {call.name} ({total} bytes) passed the {s.output_bytes}-byte "
                                f"limit; its first {s.output_bytes} bytes:\n{content}", "output_limit")
-        return ToolOutcome(content, answer["error_type"])
+        return ToolOutcome(content, error_type)
 
     def _start(self) -> str | None:
         s = self.settings

@@ -60,6 +60,7 @@ from typing import Literal, Sequence
 from polyrl.sandbox.bwrap import WORKDIR, _namespaces_and_system, find_bwrap, require_bwrap
 from polyrl.sandbox.process import _exits_within, children_of, kill_child_then_parent, kill_group
 from polyrl.sandbox.runner import MAX_SLOTS, _own_process_count, slot_uid
+from polyrl.sandbox.staging import readable
 from polyrl.sandbox.types import Limits, SandboxConfig
 
 logger = logging.getLogger("polyrl.sandbox")
@@ -265,7 +266,7 @@ def _argv_and_env(session: Session, program: list[str], caps: bool) -> tuple[lis
         else:
             argv += ["--size", str(session.limits.tmp_size_MB << 20), "--tmpfs", WORKDIR]
         for path in session.packages:
-            argv += ["--ro-bind", path, f"{LIB}/{Path(path).name}"]
+            argv += ["--ro-bind", readable(path), f"{LIB}/{Path(path).name}"]
         argv += ["--setenv", "PYTHONPATH", LIB, "--remount-ro", "/", "--chdir", WORKDIR if not caps else "/",
                  "--", *python, *program]
         return argv, {"PATH": "/usr/bin:/bin"}
