@@ -126,7 +126,8 @@ class FusedDecoder:
         self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.eps = float(cfg.rms_norm_eps)
         self.scale = float(self.hd ** -0.5)
-        self.kv_q8 = int(isinstance(cache.pool, Int8KVPool))
+        # A bare cache of rows (tests, bench/decode_pass.py) has no pool: float.
+        self.kv_q8 = int(isinstance(getattr(cache, "pool", None), Int8KVPool))
         """1 with an int8 KV pool: new K/V go to the rows as the pool gives them back (kv_int8.py)."""
         self.cos = self.sin = torch.empty(0, self.hd)
         self.buffers: dict[str, Tensor] = {}
