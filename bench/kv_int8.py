@@ -1,7 +1,7 @@
 """The int8 KV cache (engine.native.kv_cache_dtype: int8) against the float32 cache.
 
     .venv/bin/python bench/kv_int8.py [--lengths 1024,2048,4096] [--tasks 8] [--ttft-tokens 8000]
-                                      [--chunks 512,2048] [--repeats 3] [--threads 2]
+                                      [--chunks 512,2048] [--repeats 5] [--threads 2]
 
 On the built-in tiny model (builtin:tiny, head_dim 32, a 512-token window) extended 16x
 with YaRN (polyrl/models/context_extension.py: 8,192 positions), in one run:
@@ -12,10 +12,13 @@ with YaRN (polyrl/models/context_extension.py: 8,192 positions), in one run:
 2. greedy agreement on held-out long tasks: LongContextDomain(levels=(1,), tokens=N)
    held-out prompts at each length N, greedy up to 32 tokens with each cache; the share
    of sequences identical, and the share of tokens identical (position by position, over
-   the longer of the two outputs);
+   the longer of the two outputs); the mean output length; and the mean absolute difference
+   of the greedy token's logprob between the caches over each pair's matching prefix (the
+   drift an RL trainer would see as a rollout/trainer logprob mismatch);
 3. time to first token on one prompt of --ttft-tokens tokens (a held-out long task),
    prefilled in chunks of each --chunks token budget (max_num_batched_tokens), float32
-   and int8 interleaved repeat by repeat; medians, and the ratio int8 / float.
+   and int8 interleaved repeat by repeat after one untimed call each (the first pays page
+   faults and one-off set-up); medians, and the ratio int8 / float.
 
 Each engine is the paged engine with its defaults apart from those fields (one process,
 --threads torch threads). The load average is printed: others may share the cores.
@@ -72,19 +75,35 @@ def agreement(model, tok, lengths: list[int], n: int) -> None:
 
     print(f"\n(b) greedy agreement, int8 vs float32 cache, {n} held-out longctx tasks per length, "
           f"up to {NEW_TOKENS} tokens")
-    print(f"  {'length':>7} {'seqs identical':>15} {'tokens identical':>17} {'load':>6}")
+    print(f"  {'length':>7} {'seqs identical':>15} {'tokens identical':>17} {'mean tokens':>12} "
+          f"{'mean |dlogprob|':>16} {'load':>6}")
     sp = SamplingParams(temperature=0, max_tokens=NEW_TOKENS)
-    all_same = all_tok = all_seqs = all_total = 0
+    totals = dict(seqs=0, n=0, same=0, tokens=0)
+    example = ""
     for length in lengths:
         tasks = LongContextDomain(levels=(1,), tokens=length, tokenizer=tok).sample("heldout", n, 0)
         prompts = [tok.encode(tok.chat_prompt(t.prompt)) for t in tasks]
-        outs = {d: [c.token_ids for c in engine_for(model, tok, d).generate(prompts, 1, sp)] for d in DTYPES}
-        seqs = sum(a == b for a, b in zip(outs["auto"], outs["int8"]))
-        same = sum(sum(x == y for x, y in zip(a, b)) for a, b in zip(outs["auto"], outs["int8"]))
-        total = sum(max(len(a), len(b)) for a, b in zip(outs["auto"], outs["int8"]))
-        all_same, all_tok, all_seqs, all_total = all_same + seqs, all_tok + same, all_seqs + n, all_total + total
-        print(f"  {length:>7} {seqs:>7}/{n:<7} {same / total:>16.1%} {os.getloadavg()[0]:>6.2f}", flush=True)
-    print(f"  {'all':>7} {all_same:>7}/{all_seqs:<7} {all_tok / all_total:>16.1%}")
+        outs = {d: engine_for(model, tok, d).generate(prompts, 1, sp) for d in DTYPES}
+        pairs = [(a.token_ids, b.token_ids) for a, b in zip(outs["auto"], outs["int8"])]
+        seqs = sum(a == b for a, b in pairs)
+        same = sum(sum(x == y for x, y in zip(a, b)) for a, b in pairs)
+        total = sum(max(len(a), len(b)) for a, b in pairs)
+        # The sampled token's logprob under each cache, over each pair's matching prefix.
+        diffs = [abs(x - y) for a, b in zip(outs["auto"], outs["int8"])
+                 for x, y in zip(a.logprobs[:prefix(a.token_ids, b.token_ids)], b.logprobs)]
+        totals = dict(seqs=totals["seqs"] + seqs, n=totals["n"] + n, same=totals["same"] + same,
+                      tokens=totals["tokens"] + total)
+        mean_len = sum(len(a) for a, _ in pairs) / n
+        print(f"  {length:>7} {seqs:>7}/{n:<7} {same / total:>16.1%} {mean_len:>12.1f} "
+              f"{sum(diffs) / max(len(diffs), 1):>16.2e} {os.getloadavg()[0]:>6.2f}", flush=True)
+        example = f"{length} tokens, task {tasks[0].id}: float32 {outs['auto'][0].text!r}, int8 {outs['int8'][0].text!r}"
+    print(f"  {'all':>7} {totals['seqs']:>7}/{totals['n']:<7} {totals['same'] / totals['tokens']:>16.1%}")
+    print(f"  e.g. {example}")
+
+
+def prefix(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix of a and b."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def ttft(model, tok, tokens: int, chunks: list[int], repeats: int) -> None:
@@ -100,6 +119,8 @@ def ttft(model, tok, tokens: int, chunks: list[int], repeats: int) -> None:
         times: dict[str, list[float]] = {d: [] for d in DTYPES}
         engines = {d: engine_for(model, tok, d, max_num_batched_tokens=chunk, enable_prefix_caching=False)
                    for d in DTYPES}
+        for e in engines.values():  # untimed: the first call pays page faults and one-off set-up
+            e.generate([prompt], 1, sp)
         for r in range(repeats):
             for d in DTYPES:  # interleaved: load from other jobs hits both alike
                 t = time.perf_counter()
@@ -117,7 +138,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=8)
     ap.add_argument("--ttft-tokens", type=int, default=8000)
     ap.add_argument("--chunks", default="512,2048")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--kv-cache-mb", type=int, default=64)
     args = ap.parse_args()
