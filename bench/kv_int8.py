@@ -1,7 +1,7 @@
 """The int8 KV cache (engine.native.kv_cache_dtype: int8) against the float32 cache.
 
     .venv/bin/python bench/kv_int8.py [--lengths 1024,2048,4096] [--tasks 8] [--ttft-tokens 8000]
-                                      [--chunks 512,2048] [--repeats 5] [--threads 2]
+                                      [--chunks 512,2048] [--repeats 5] [--threads 2] [--parts a,b,c]
 
 On the built-in tiny model (builtin:tiny, head_dim 32, a 512-token window) extended 16x
 with YaRN (polyrl/models/context_extension.py: 8,192 positions), in one run:
@@ -18,7 +18,8 @@ with YaRN (polyrl/models/context_extension.py: 8,192 positions), in one run:
 3. time to first token on one prompt of --ttft-tokens tokens (a held-out long task),
    prefilled in chunks of each --chunks token budget (max_num_batched_tokens), float32
    and int8 interleaved repeat by repeat after one untimed call each (the first pays page
-   faults and one-off set-up); medians, and the ratio int8 / float.
+   faults and one-off set-up); medians and minima (the least disturbed run, on shared
+   cores), and the ratios int8 / float.
 
 Each engine is the paged engine with its defaults apart from those fields (one process,
 --threads torch threads). The load average is printed: others may share the cores.
@@ -96,7 +97,8 @@ def agreement(model, tok, lengths: list[int], n: int) -> None:
         mean_len = sum(len(a) for a, _ in pairs) / n
         print(f"  {length:>7} {seqs:>7}/{n:<7} {same / total:>16.1%} {mean_len:>12.1f} "
               f"{sum(diffs) / max(len(diffs), 1):>16.2e} {os.getloadavg()[0]:>6.2f}", flush=True)
-        example = f"{length} tokens, task {tasks[0].id}: float32 {outs['auto'][0].text!r}, int8 {outs['int8'][0].text!r}"
+        example = (f"{length} tokens, task {tasks[0].id}: float32 {outs['auto'][0].text!r}, "
+                   f"int8 {outs['int8'][0].text!r}")
     print(f"  {'all':>7} {totals['seqs']:>7}/{totals['n']:<7} {totals['same'] / totals['tokens']:>16.1%}")
     print(f"  e.g. {example}")
 
@@ -112,8 +114,9 @@ def ttft(model, tok, tokens: int, chunks: list[int], repeats: int) -> None:
 
     task = LongContextDomain(levels=(1,), tokens=tokens, tokenizer=tok).sample("heldout", 1, 0)[0]
     prompt = tok.encode(tok.chat_prompt(task.prompt))
-    print(f"\n(c) time to first token, one {len(prompt)}-token prompt, chunked prefill, median of {repeats}")
-    print(f"  {'chunk':>6} {'float32 s':>10} {'int8 s':>8} {'int8/float':>11}")
+    print(f"\n(c) time to first token, one {len(prompt)}-token prompt, chunked prefill, {repeats} repeats: "
+          "median (min)")
+    print(f"  {'chunk':>6} {'float32 s':>13} {'int8 s':>13} {'int8/float':>11}")
     sp = SamplingParams(temperature=0, max_tokens=1)
     for chunk in chunks:
         times: dict[str, list[float]] = {d: [] for d in DTYPES}
@@ -129,7 +132,8 @@ def ttft(model, tok, tokens: int, chunks: list[int], repeats: int) -> None:
             print(f"    repeat {r}: float32 {times['auto'][-1]:.2f}s int8 {times['int8'][-1]:.2f}s "
                   f"load={os.getloadavg()[0]:.2f}", flush=True)
         f, q = statistics.median(times["auto"]), statistics.median(times["int8"])
-        print(f"  {chunk:>6} {f:>10.2f} {q:>8.2f} {q / f:>10.2f}x", flush=True)
+        fm, qm = min(times["auto"]), min(times["int8"])
+        print(f"  {chunk:>6} {f:>6.2f} ({fm:.2f}) {q:>6.2f} ({qm:.2f}) {q / f:>5.2f}x ({qm / fm:.2f}x)", flush=True)
 
 
 def main() -> None:
@@ -141,6 +145,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--kv-cache-mb", type=int, default=64)
+    ap.add_argument("--parts", default="a,b,c", help="which of (a) capacity, (b) agreement, (c) TTFT to run")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from polyrl.models.context_extension import extend_context
@@ -151,9 +156,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = extend_context(resolve_model_dir("builtin:tiny"), Path(tmp) / "tiny-yarn16", "yarn", 16)
         model, tok = load_policy(model_dir, "float32")
-        capacity(model, tok, args.kv_cache_mb)
-        agreement(model, tok, [int(x) for x in args.lengths.split(",")], args.tasks)
-        ttft(model, tok, args.ttft_tokens, [int(x) for x in args.chunks.split(",")], args.repeats)
+        parts = args.parts.split(",")
+        if "a" in parts:
+            capacity(model, tok, args.kv_cache_mb)
+        if "b" in parts:
+            agreement(model, tok, [int(x) for x in args.lengths.split(",")], args.tasks)
+        if "c" in parts:
+            ttft(model, tok, args.ttft_tokens, [int(x) for x in args.chunks.split(",")], args.repeats)
     print(f"\nload at the end: {os.getloadavg()}")
 
 

@@ -116,12 +116,20 @@ def test_the_same_kv_cache_mb_holds_over_1_9x_the_tokens(setup):
     assert int8_eng.runner.pool.bytes <= 8 * 2**20 + int8_eng.runner.pool.bytes // int8_eng.num_blocks  # + scratch
 
 
-def test_int8_kv_needs_the_paged_engine():
+def test_int8_kv_needs_the_paged_engine_in_one_clear_line():
     with pytest.raises(ValueError, match="kv_cache_dtype 'int8' is a paged KV pool"):
         NativeEngineConfig(kv_cache_dtype="int8", paged=False)
     with pytest.raises(ValueError):
         NativeEngineConfig(kv_cache_dtype="fp8")
     assert NativeEngineConfig().kv_cache_dtype == "auto"
+    from polyrl.config import ConfigError, load_config_text
+
+    run = "rl_tasks:\n  - {domain: math, weight: 1}\nengine:\n  native:\n    kv_cache_dtype: int8\n"
+    assert load_config_text(run, source="run.yaml").engine.native.kv_cache_dtype == "int8"
+    with pytest.raises(ConfigError) as err:
+        load_config_text(run + "    paged: false\n", source="run.yaml")
+    assert str(err.value) == ("run.yaml:5: engine.native: kv_cache_dtype 'int8' is a paged KV pool: "
+                              "set paged: true, or kv_cache_dtype: auto")
 
 
 # ---- every engine path computes the same function -----------------------------------------------

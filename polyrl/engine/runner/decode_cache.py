@@ -149,7 +149,8 @@ class DecodeCache:
             return
         p = positions.reshape(-1)
         # (P * S, layers, n_kv, hd): advanced indices first -> (layers, P * S, n_kv, hd)
-        self.pool.write_layers(slots.reshape(-1), self.k[:, r, :, p].transpose(0, 1), self.v[:, r, :, p].transpose(0, 1))
+        k, v = self.k[:, r, :, p].transpose(0, 1), self.v[:, r, :, p].transpose(0, 1)
+        self.pool.write_layers(slots.reshape(-1), k, v)
 
     def _ensure(self, rows: int, length: int) -> None:
         R, L = self.k.shape[1], self.k.shape[3]
