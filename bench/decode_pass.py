@@ -82,7 +82,7 @@ def main() -> None:
         "rope + attention": lambda: lib.rope_attend(
             q.data_ptr(), S, fused.nh, fused.nkv, fused.hd, fused.cos.data_ptr(), fused.sin.data_ptr(),
             pos.data_ptr(), rows.data_ptr(), cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[3],
-            attn.data_ptr(), fused.scale, scores.data_ptr()),
+            attn.data_ptr(), fused.scale, scores.data_ptr(), fused.kv_q8),
         "o product + residual": lambda: o.add_to(x, attn),
         "gate/up product": lambda: gate_up(h, gu),
         "silu * up": lambda: lib.silu_mul(gu.data_ptr(), act.data_ptr(), S, act.shape[1]),

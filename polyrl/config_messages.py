@@ -36,6 +36,8 @@ def explain(err: dict, schema: type[BaseModel]) -> tuple[tuple, str, str]:
         field = found[0] if found else None
         what = f" ({field.description})" if field is not None and field.description else ""
         return loc, f"missing required key{what}", "parent"
+    if kind == "value_error" and isinstance(value, dict):  # a model validator: fields that cannot go together
+        return loc, str(err["msg"]).removeprefix("Value error, "), "value"
     if found is None:
         return loc, f"got {show(value)}; {err['msg']}", "value"
     field, annotation = found

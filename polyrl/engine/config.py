@@ -50,6 +50,11 @@ class NativeEngineConfig(BaseModel):
     int8 activations (per token) where the CPU has AVX-512 VNNI, else float activations
     (runner/int8_linear.py); re-quantized after each weight update. Paged engine, float32 CPU
     models only. "none": float32 weights as they are."""
+    kv_cache_dtype: Literal["auto", "int8"] = "auto"
+    """"int8": the KV pool stores K and V as int8 with one bfloat16 scale per (position, kv head),
+    so kv_cache_mb holds (4 * head_dim) / (head_dim + 2) times the tokens of a float32 cache (3.8x
+    at head_dim 32); attention reads them dequantized, so outputs move slightly
+    (runner/kv_int8.py). Paged engine only. "auto": K and V in the model's float dtype."""
     speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)
     """Speculative decoding (n-gram prompt lookup or a draft model), lossless; off by default
     (polyrl/engine/speculative/config.py)."""
@@ -58,6 +63,8 @@ class NativeEngineConfig(BaseModel):
     def _int8_needs_paged(self) -> "NativeEngineConfig":
         if self.quantization == "int8" and not self.paged:
             raise ValueError("quantization 'int8' runs on the paged engine: set paged: true, or quantization: none")
+        if self.kv_cache_dtype == "int8" and not self.paged:
+            raise ValueError("kv_cache_dtype 'int8' is a paged KV pool: set paged: true, or kv_cache_dtype: auto")
         return self
 
     def blocks_for(self, bytes_per_token: int) -> int:

@@ -36,8 +36,12 @@ requests of clients that went away (`abort`).
 Speculative decoding (engine.native.speculative: n-gram prompt lookup or a draft model)
 turns decode-only steps into verify passes; lossless (speculative/).
 
-Out of scope: KV quantization, multi-device execution (the
-vLLM backend serves GPUs).
+With engine.native.kv_cache_dtype "int8" the pool stores K and V as int8 with a scale per
+(position, kv head), so the same kv_cache_mb holds 1.9-3.9x the tokens; attention reads them
+dequantized (runner/kv_int8.py).
+
+Out of scope: KV quantization other than that int8 pool (fp8, 4-bit, per-channel key scales),
+multi-device execution (the vLLM backend serves GPUs).
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ import torch
 from polyrl.engine.base import SamplingParams, check_prompts, copy_weights_
 from polyrl.engine.block_manager import BlockManager
 from polyrl.engine.config import NativeEngineConfig
-from polyrl.engine.runner.model_runner import ModelRunner
+from polyrl.engine.runner.model_runner import POOLS, ModelRunner
 from polyrl.engine.runner.int8_linear import Int8Linear, quantize_linears
 from polyrl.engine.runner.packed_linear import PackedLinear, pack_linears
 from polyrl.engine.sampler import request_seed
@@ -81,8 +85,8 @@ class PagedEngine:
         self.config = config or NativeEngineConfig()
         self.weight_version = weight_version
         cfg = model.cfg
-        dtype_bytes = next(model.parameters()).element_size()
-        per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * dtype_bytes
+        per_token = POOLS[self.config.kv_cache_dtype].bytes_per_token(
+            cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, next(model.parameters()).dtype)
         self.num_blocks = self.config.blocks_for(per_token)
         self.counters = EngineCounters()
         self.block_manager = BlockManager(self.num_blocks, self.config.block_size, self.config.enable_prefix_caching)
@@ -94,7 +98,8 @@ class PagedEngine:
             self.packed: list[PackedLinear | Int8Linear] = list(quantize_linears(self.model))
         else:
             self.packed = list(pack_linears(self.model)) if packed_linear else []
-        self.runner = ModelRunner(model, self.num_blocks, self.config.block_size, decode, decode_cache)
+        self.runner = ModelRunner(model, self.num_blocks, self.config.block_size, decode, decode_cache,
+                                  self.config.kv_cache_dtype)
         self._eos = frozenset(tokenizer.stop_token_ids())
         self._ids = itertools.count()
         self._live: dict[int, Sequence] = {}

@@ -149,16 +149,41 @@ static inline __attribute__((always_inline)) void attend_group(
         for (int64_t i = 0; i < hd; i++) out[r * hd + i] = acc[r * hd + i] * inv[r];
 }
 
+/* x rounded to bfloat16 (nearest, ties to even), as torch's float -> bfloat16 cast. */
+static inline float round_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    u &= 0xFFFF0000u;
+    memcpy(&x, &u, sizeof u);
+    return x;
+}
+
+/* x (hd) replaced by what an int8 KV pool gives back for it (kv_int8.py's fake_quant, the
+   same operations in the same order, so the same floats): s = bf16(max |x| / 127),
+   q = clamp(rint(x / s), -127, 127), x = q s. */
+static void fake_q8(float *restrict x, int64_t hd) {
+    float m = 0.0f;
+    for (int64_t i = 0; i < hd; i++) m = fabsf(x[i]) > m ? fabsf(x[i]) : m;
+    float stored = round_bf16(m / 127.0f), s = stored > 0.0f ? stored : 1.0f;
+    for (int64_t i = 0; i < hd; i++) {
+        float q = rintf(x[i] / s);
+        q = q < -127.0f ? -127.0f : (q > 127.0f ? 127.0f : q);
+        x[i] = q * stored;
+    }
+}
+
 /* One decode token per sequence, for one layer:
      qkv   (S, (nh + 2 nkv) hd): [q heads | k heads | v heads] of the new token;
      cos_t, sin_t (P, hd): RoPE tables by position; pos (S,): the token's position;
      kc, vc: this layer's decode-cache rows (rows, nkv, L, hd), row of each sequence rows (S,);
    rotates q and k, writes k and v at [row, head, pos], and attends over positions
-   0..pos of the row: out (S, nh hd). scores (>= GROUP (pos + 1) floats) is scratch. */
+   0..pos of the row: out (S, nh hd). scores (>= GROUP (pos + 1) floats) is scratch.
+   kv_q8: the pool is int8, so the new k and v are written (and attended) as it gives them back. */
 void rope_attend(const float *restrict qkv, int64_t S, int64_t nh, int64_t nkv, int64_t hd,
                  const float *restrict cos_t, const float *restrict sin_t, const int64_t *restrict pos,
                  const int64_t *restrict rows, float *restrict kc, float *restrict vc, int64_t L,
-                 float *restrict out, float scale, float *restrict scores) {
+                 float *restrict out, float scale, float *restrict scores, int64_t kv_q8) {
     int64_t width = (nh + 2 * nkv) * hd, rep = nh / nkv;
     float qr[GROUP * MAX_HEAD_DIM];
     for (int64_t s = 0; s < S; s++) {
@@ -169,6 +194,10 @@ void rope_attend(const float *restrict qkv, int64_t S, int64_t nh, int64_t nkv, 
             float *krow = kc + ((rows[s] * nkv + h) * L) * hd, *vrow = vc + ((rows[s] * nkv + h) * L) * hd;
             rope(k + h * hd, c, sn, krow + p * hd, hd);
             memcpy(vrow + p * hd, v + h * hd, (size_t)hd * sizeof(float));
+            if (kv_q8) {
+                fake_q8(krow + p * hd, hd);
+                fake_q8(vrow + p * hd, hd);
+            }
             for (int64_t r0 = 0; r0 < rep; r0 += GROUP) {
                 int64_t g = rep - r0 < GROUP ? rep - r0 : GROUP, qh = h * rep + r0;
                 float *o = out + s * nh * hd + qh * hd;
@@ -485,6 +514,7 @@ struct decode_args {
     float *x, *h, *qkv, *attn, *gu, *act, *scores;
     const struct q8_weight *qhead; /* the int8 head, or NULL */
     uint8_t *xq; float *xs;        /* q8_matmul's scratch: (S, widest Kp) bytes, (S,) floats */
+    int64_t kv_q8;                 /* rope_attend's kv_q8: an int8 KV pool */
 };
 
 /* y (S, n) = beta * y + x (S, k) @ w (k, n) (+ bias): row-major, so sgemm computes y^T = w^T x^T.
@@ -515,7 +545,8 @@ void decode_pass(const struct decode_args *a) {
         rms_norm(a->x, w->norm1, a->h, S, D, a->eps);
         product(a, w->qqkv, a->h, w->wqkv, w->bqkv, a->qkv, S, D, qkv_w, 0.0f);
         rope_attend(a->qkv, S, a->nh, a->nkv, a->hd, a->cos_t, a->sin_t, a->pos, a->rows,
-                    a->kc + i * a->layer_stride, a->vc + i * a->layer_stride, a->L, a->attn, a->scale, a->scores);
+                    a->kc + i * a->layer_stride, a->vc + i * a->layer_stride, a->L, a->attn, a->scale, a->scores,
+                    a->kv_q8);
         product(a, w->qo, a->attn, w->wo, w->bo, a->x, S, a->nh * a->hd, D, 1.0f);
         rms_norm(a->x, w->norm2, a->h, S, D, a->eps);
         product(a, w->qgu, a->h, w->wgu, w->bgu, a->gu, S, D, 2 * a->inter, 0.0f);

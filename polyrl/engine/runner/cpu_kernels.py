@@ -46,7 +46,7 @@ SIGNATURES = {
     "rms_norm": [_ptr, _ptr, _ptr, _i64, _i64, ctypes.c_float],
     "silu_mul": [_ptr, _ptr, _i64, _i64],
     "rope_attend": [_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr,
-                    ctypes.c_float, _ptr],
+                    ctypes.c_float, _ptr, _i64],
     "sample_rows": [_ptr, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr],
     "cache_to_pool": [_ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64],
     "decode_pass": [_ptr],
@@ -73,7 +73,8 @@ class DecodeArgs(ctypes.Structure):
                 + [("eps", ctypes.c_float), ("scale", ctypes.c_float)]
                 + [(name, _ptr) for name in ("embed", "ids", "pos", "rows", "cos_t", "sin_t", "kc", "vc",
                                              "final_norm", "whead", "bhead", "logits", "x", "h", "qkv", "attn",
-                                             "gu", "act", "scores", "qhead", "xq", "xs")])
+                                             "gu", "act", "scores", "qhead", "xq", "xs")]
+                + [("kv_q8", _i64)])
 
 _loaded: ctypes.CDLL | str | None = None
 

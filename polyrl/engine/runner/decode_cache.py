@@ -62,8 +62,9 @@ class DecodeCache:
     def __init__(self, pool: KVPool) -> None:
         self.pool = pool
         layers, _, _, n_kv, hd = pool.k.shape
-        self.k = pool.k.new_zeros(layers, 0, n_kv, 0, hd)  # (layers, rows, n_kv, L, hd)
-        self.v = pool.v.new_zeros(layers, 0, n_kv, 0, hd)
+        # In the pool's compute dtype: rows of an int8 pool hold its dequantized values.
+        self.k = torch.zeros(layers, 0, n_kv, 0, hd, dtype=pool.dtype)  # (layers, rows, n_kv, L, hd)
+        self.v = torch.zeros(layers, 0, n_kv, 0, hd, dtype=pool.dtype)
         self.owner: list[tuple[int, int] | None] = []  # (seq_id, admission) of each row
         self.row_of: dict[tuple[int, int], int] = {}
 
@@ -99,7 +100,7 @@ class DecodeCache:
         ctx = torch.ones(K, R, dtype=torch.long)  # rows of other sequences see their position 0
         ctx[:, rows] = pos + 1
         L = int(ctx.max())
-        masks = additive_mask(torch.arange(L)[None, None, :] < ctx[:, :, None], self.pool.k.dtype)  # (K, R, 1, 1, L)
+        masks = additive_mask(torch.arange(L)[None, None, :] < ctx[:, :, None], self.pool.dtype)  # (K, R, 1, 1, L)
         identity = R == len(seqs) and bool((rows == torch.arange(R)).all())
         _, _, n_kv, L_cap, _ = self.k.shape
         heads = rows[:, None] * n_kv + torch.arange(n_kv)[None, :]  # (S, n_kv)
@@ -124,15 +125,16 @@ class DecodeCache:
 
     def fill_layer(self, layer: int, fill: PendingFill) -> None:
         """Copy layer `layer` of the fresh rows' context from the pool into their rows."""
-        for src, dst in ((self.pool.k[layer], self.k[layer]), (self.pool.v[layer], self.v[layer])):
+        for src, dst in zip(self.pool.gather(layer, fill.tables), (self.k[layer], self.v[layer])):
             _, _, n_kv, hd = src.shape
-            g = src.index_select(0, fill.tables).view(len(fill.rows), fill.span, n_kv, hd)[:, :fill.length]
+            g = src.view(len(fill.rows), fill.span, n_kv, hd)[:, :fill.length]
             dst[:, :, :fill.length].index_copy_(0, fill.rows, g.transpose(1, 2))
 
     def write_back(self, rows: Tensor, positions: Tensor, slots: Tensor, lib=None) -> None:
         """Copy the K/V at positions (P, S) of rows (S,) to the pool's slots (P, S), every
         layer at once: the fused pass writes a burst's new K/V to the rows only, and the pool
-        once at its end. With the fused kernels' `lib` (float32), one C call does the copies."""
+        once at its end. With the fused kernels' `lib` and a float32 pool, one C call does the
+        copies; an int8 pool (kv_int8.py) quantizes them in its `write_layers`."""
         r = rows[None, :].expand_as(positions).reshape(-1)  # (P * S,)
         if (lib is not None and self.k.dtype == self.pool.k.dtype == torch.float32 and self.k.is_contiguous()
                 and self.pool.k.is_contiguous()):
@@ -145,10 +147,10 @@ class DecodeCache:
                               p.data_ptr(), s.data_ptr(), len(r), self.pool.k.data_ptr(), self.pool.v.data_ptr(),
                               pool_slots)
             return
-        for src, dst in ((self.k, self.pool.k), (self.v, self.pool.v)):
-            layers, _, _, n_kv, hd = dst.shape
-            new = src[:, r, :, positions.reshape(-1)]  # (P * S, layers, n_kv, hd): advanced indices first
-            dst.view(layers, -1, n_kv, hd).index_copy_(1, slots.reshape(-1), new.transpose(0, 1))
+        p = positions.reshape(-1)
+        # (P * S, layers, n_kv, hd): advanced indices first -> (layers, P * S, n_kv, hd)
+        k, v = self.k[:, r, :, p].transpose(0, 1), self.v[:, r, :, p].transpose(0, 1)
+        self.pool.write_layers(slots.reshape(-1), k, v)
 
     def _ensure(self, rows: int, length: int) -> None:
         R, L = self.k.shape[1], self.k.shape[3]

@@ -42,6 +42,7 @@ from torch import Tensor
 from polyrl.engine.runner.cpu_kernels import DecodeArgs, DecodeLayer, blas_sgemm
 from polyrl.engine.runner.decode_cache import DecodeCache
 from polyrl.engine.runner.int8_linear import Int8Linear, Int8Weight
+from polyrl.engine.runner.kv_int8 import Int8KVPool
 from polyrl.engine.runner.packed_linear import MIN_PACKED_ELEMENTS
 from polyrl.models.transformer import Transformer
 
@@ -125,6 +126,9 @@ class FusedDecoder:
         self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.eps = float(cfg.rms_norm_eps)
         self.scale = float(self.hd ** -0.5)
+        # A bare cache of rows (tests, bench/decode_pass.py) has no pool: float.
+        self.kv_q8 = int(isinstance(getattr(cache, "pool", None), Int8KVPool))
+        """1 with an int8 KV pool: new K/V go to the rows as the pool gives them back (kv_int8.py)."""
         self.cos = self.sin = torch.empty(0, self.hd)
         self.buffers: dict[str, Tensor] = {}
         self.refresh()
@@ -165,7 +169,7 @@ class FusedDecoder:
         cfg = self.model.cfg
         return DecodeArgs(sgemm=sgemm, layers=ctypes.addressof(self._layer_args), n_layers=len(self.layers),
                           D=cfg.hidden_size, nh=self.nh, nkv=self.nkv, hd=self.hd, inter=cfg.intermediate_size,
-                          V=self.head.out_features, eps=self.eps, scale=self.scale,
+                          V=self.head.out_features, eps=self.eps, scale=self.scale, kv_q8=self.kv_q8,
                           embed=self.model.model.embed_tokens.weight.data_ptr(),
                           final_norm=self.model.model.norm.weight.data_ptr(), whead=addr(self.head.wt),
                           bhead=addr(self.head.bias), qhead=q8(self.head))
@@ -195,7 +199,8 @@ class FusedDecoder:
             q = qkv(h, self._buffer("qkv", S, qkv.out_features))
             lib.rope_attend(q.data_ptr(), S, self.nh, self.nkv, self.hd, self.cos.data_ptr(), self.sin.data_ptr(),
                             pos.data_ptr(), rows.data_ptr(), kc.data_ptr() + i * layer_bytes,
-                            vc.data_ptr() + i * layer_bytes, L, attn.data_ptr(), self.scale, scores.data_ptr())
+                            vc.data_ptr() + i * layer_bytes, L, attn.data_ptr(), self.scale, scores.data_ptr(),
+                            self.kv_q8)
             o.add_to(x, attn)
             lib.rms_norm(x.data_ptr(), norm2.data_ptr(), h.data_ptr(), S, D, self.eps)
             gu = gate_up(h, self._buffer("gate_up", S, gate_up.out_features))

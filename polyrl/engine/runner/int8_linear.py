@@ -38,7 +38,10 @@ fast_tier.md section 2); `torch._int_mm` pays for quantizing in torch operators.
 weight-only fallback (w8, forced here for the measurement) is 3x float32 at batch 1 but
 slower from 8 rows on: its float FMAs do 16 products where VPDPBUSD does 64.
 
-Out of scope: int8 KV cache, int8 embeddings (the lookup stays float32), outlier handling
+The int8 KV cache is a separate setting (kv_cache_dtype, kv_int8.py): it sizes the pool, not
+these weights, and either may be on without the other.
+
+Out of scope: int8 embeddings (the lookup stays float32), outlier handling
 (LLM.int8, SmoothQuant), GPUs (the vLLM backend), autograd (the engine runs under
 inference mode).
 """

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from polyrl.engine.runner.decode_backend import DecodeBackend, DecodeBurst, choose_decode_backend
 from polyrl.engine.runner.decode_cache import DecodeCache
+from polyrl.engine.runner.kv_int8 import Int8KVPool
 from polyrl.engine.runner.paged_attention import AttnGroup, KVPool, PagedAttention, block_tables
 from polyrl.engine.runner.row_sampling import RowSampling, stop_table
 from polyrl.engine.scheduler import ScheduledBatch
@@ -47,9 +48,14 @@ class StepOutput:
     top_logprobs: list[list[dict[int, float]]] | None
 
 
+POOLS: dict[str, type[KVPool] | type[Int8KVPool]] = {"auto": KVPool, "int8": Int8KVPool}
+"""The KV pool of each NativeEngineConfig.kv_cache_dtype ("auto": the model's float dtype)."""
+
+
 class ModelRunner:
     def __init__(self, model: Transformer, num_blocks: int, block_size: int,
-                 decode: Literal["auto", "forward"] = "auto", decode_cache: bool = True) -> None:
+                 decode: Literal["auto", "forward"] = "auto", decode_cache: bool = True,
+                 kv_cache_dtype: Literal["auto", "int8"] = "auto") -> None:
         """decode="forward" runs decode steps on the model's forward even where the fused pass
         could, and decode_cache=False keeps no decode cache (decodes then gather the pool's
         blocks, on the model's forward): variants for equivalence tests and benchmarks."""
@@ -57,7 +63,8 @@ class ModelRunner:
         self.model = model
         self.block_size = block_size
         dtype = next(model.parameters()).dtype
-        self.pool = KVPool(cfg.num_hidden_layers, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim, dtype)
+        self.pool = POOLS[kv_cache_dtype](cfg.num_hidden_layers, num_blocks, block_size, cfg.num_key_value_heads,
+                                          cfg.head_dim, dtype)
         self.decode_cache = DecodeCache(self.pool) if decode_cache else None
         self.attention = PagedAttention(self.pool, self.decode_cache)
         self.decode_backend: DecodeBackend = choose_decode_backend(model, self.attention, forward=decode == "forward")

@@ -18,8 +18,12 @@ query regrouping at all. Decodes read their keys from the decode cache's contigu
 rows when the runner keeps one (decode_cache.py), else from the pool's blocks;
 `decode_groups` builds either.
 
+The pool is float here (the model's dtype); kv_int8.py's Int8KVPool stores int8 with
+scales behind the same four methods (`write`, `write_layers`, `gather`, `zero_up_to`), so
+attention and the decode cache never ask which one they have.
+
 Out of scope: custom kernels (flash/paged attention on GPU are vLLM's business),
-sliding windows, KV quantization.
+sliding windows.
 """
 
 from __future__ import annotations
@@ -51,9 +55,33 @@ class KVPool:
         self.v = torch.empty(shape, dtype=dtype)
         self.k[:, num_blocks].zero_()
         self.v[:, num_blocks].zero_()
+        self.dtype = dtype
+        """The dtype attention computes in (and reads back)."""
         self.block_size = block_size
         self.scratch_slot = num_blocks * block_size
         self.zeroed = 0
+
+    @staticmethod
+    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        """K and V of one token in every layer: what NativeEngineConfig.kv_cache_mb is divided by."""
+        return 2 * num_layers * num_kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+
+    def write(self, layer: int, slots: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """k, v (N, n_kv, hd) into `layer` at pool slots (N,); returns them as a read would see them."""
+        n_kv, hd = k.shape[1:]
+        self.k[layer].view(-1, n_kv, hd).index_copy_(0, slots, k)
+        self.v[layer].view(-1, n_kv, hd).index_copy_(0, slots, v)
+        return k, v
+
+    def write_layers(self, slots: Tensor, k: Tensor, v: Tensor) -> None:
+        """k, v (layers, M, n_kv, hd) into every layer at pool slots (M,)."""
+        layers, _, n_kv, hd = k.shape
+        self.k.view(layers, -1, n_kv, hd).index_copy_(1, slots, k)
+        self.v.view(layers, -1, n_kv, hd).index_copy_(1, slots, v)
+
+    def gather(self, layer: int, blocks: Tensor) -> tuple[Tensor, Tensor]:
+        """Blocks (B,) of `layer`: K and V (B, block_size, n_kv, hd) in self.dtype."""
+        return self.k[layer].index_select(0, blocks), self.v[layer].index_select(0, blocks)
 
     def zero_up_to(self, num_blocks: int) -> None:
         """Make sure blocks [0, num_blocks) hold finite values."""
@@ -109,7 +137,7 @@ class PagedAttention:
             return [rows.group(k, q_index) for k in range(K)]
         tables = block_tables(seqs)  # (S, nb)
         L = tables.shape[1] * self.pool.block_size
-        masks = additive_mask(torch.arange(L) <= pos[:, :, None], self.pool.k.dtype)  # (K, S, 1, 1, L)
+        masks = additive_mask(torch.arange(L) <= pos[:, :, None], self.pool.dtype)  # (K, S, 1, 1, L)
         return [AttnGroup(masks[k], q_index, q_index, block_tables=tables) for k in range(K)]
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -117,11 +145,9 @@ class PagedAttention:
         _, nh, N, hd = q.shape
         n_kv = k.shape[1]
         bs = self.pool.block_size
-        kf, vf = k[0].transpose(0, 1), v[0].transpose(0, 1)  # (N, n_kv, hd)
-        k_pool = self.pool.k[layer]  # (blocks + 1, bs, n_kv, hd)
-        v_pool = self.pool.v[layer]
-        k_pool.view(-1, n_kv, hd).index_copy_(0, self.slot_mapping, kf)
-        v_pool.view(-1, n_kv, hd).index_copy_(0, self.slot_mapping, vf)
+        # The new K/V as the pool gives them back (int8: dequantized), so the decode cache's
+        # rows always hold what the pool would: same outputs with or without them.
+        kf, vf = self.pool.write(layer, self.slot_mapping, k[0].transpose(0, 1), v[0].transpose(0, 1))  # (N, n_kv, hd)
         qf = q[0].transpose(0, 1)  # (N, nh, hd)
         out = None
         for g in self.groups:
@@ -131,8 +157,9 @@ class PagedAttention:
                 S, nb = g.block_tables.shape
                 T = g.mask.shape[2]
                 flat = g.block_tables.view(-1)
-                keys = k_pool.index_select(0, flat).view(S, nb * bs, n_kv, hd).transpose(1, 2)  # (S, n_kv, L, hd)
-                values = v_pool.index_select(0, flat).view(S, nb * bs, n_kv, hd).transpose(1, 2)
+                k_blocks, v_blocks = self.pool.gather(layer, flat)  # (S * nb, bs, n_kv, hd)
+                keys = k_blocks.view(S, nb * bs, n_kv, hd).transpose(1, 2)  # (S, n_kv, L, hd)
+                values = v_blocks.view(S, nb * bs, n_kv, hd).transpose(1, 2)
                 qg = qf if g.q_index is None else qf.index_select(0, g.q_index)
                 if T == 1 and g.mask.dtype != torch.bool:
                     y = decode_attention(qg, keys, values, g.mask)  # (S, nh, hd)
