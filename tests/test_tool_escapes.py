@@ -68,9 +68,11 @@ def test_no_exploit_touches_the_host(outcomes: dict[str, Any]) -> None:
 
 def test_the_hostile_ones_fail_for_the_right_reason_and_the_next_episode_still_starts(outcomes) -> None:
     by = outcomes["outcomes"]
-    assert by["fork_bomb"].error_type == "timeout"
+    seen = {name: (o.error_type, o.content[:160]) for name, o in by.items()}
+    assert by["fork_bomb"].error_type == "timeout", seen["fork_bomb"]
     # right after the fork bomb's thousand processes are killed, the next episode's host starts
-    assert by["sleep_past_deadline"].error_type == "timeout" and by["busy_loop"].error_type == "timeout"
+    assert by["sleep_past_deadline"].error_type == "timeout", seen["sleep_past_deadline"]
+    assert by["busy_loop"].error_type == "timeout", seen["busy_loop"]
     assert by["huge_return"].error_type == "output_limit" and by["endless_output"].error_type == "output_limit"
     assert by["os_exit"].error_type == by["posix_exit"].error_type == "tool_host_stopped"
     # only the exploits that break the host's own reply (one patches json.dumps, one writes protocol
@@ -78,6 +80,6 @@ def test_the_hostile_ones_fail_for_the_right_reason_and_the_next_episode_still_s
     # reads it as the reply or as an answer out of turn. Either way nothing forged gets through.
     breakers = {"patched_print_json_repr", "forged_protocol_lines"}
     stopped = {n for n, o in by.items() if o.error_type in ("tool_host_error", "tool_host_stopped")}
-    assert stopped - {"os_exit", "posix_exit"} <= breakers
+    assert stopped - {"os_exit", "posix_exit"} <= breakers, {n: seen[n] for n in stopped}
     assert all(by[n].content != "3" for n in breakers)
     assert (by["correct"].error_type, by["correct"].content) == (None, "3")

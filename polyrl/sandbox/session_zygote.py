@@ -31,7 +31,7 @@ import sys
 
 _KILL_WAIT_S = 10.0
 """How long a kill waits for an isolated session's namespace to be gone (see _wait_gone)."""
-_FORK_RETRY_S = 3.0
+_FORK_RETRY_S = 10.0
 """How long a session start waits for the process budget to come back (see _spawn_retrying)."""
 _cells = {}
 """pid of a session -> (pid of the process to reap: its outer one when isolated, pidfd, isolated)."""
