@@ -58,8 +58,20 @@ need a model with real preferences (not a random one) use instead of the full bu
 whose build takes minutes on a machine with an empty cache."""
 
 
+_small_model: Path | None = None
+
+
 def small_trained_model_dir(cache: Path) -> Path:
-    """The small recipe's model, built once into `cache` (a test's own cache directory)."""
+    """The small recipe's model, built into `cache` (a test's own cache directory) by the first
+    caller of this test process; later callers get that same directory (read it, do not write)."""
+    global _small_model
+    if _small_model is not None and (_small_model / "config.json").is_file():
+        return _small_model
+    _small_model = _build_small_model(cache)
+    return _small_model
+
+
+def _build_small_model(cache: Path) -> Path:
     import os
 
     from polyrl.builtin.tiny import TinyRecipe, ensure_tiny_model

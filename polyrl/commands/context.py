@@ -1,11 +1,19 @@
-"""`polyrl context extend|eval`: give a model a longer window, and measure how far it reads.
+"""`polyrl context extend|train|eval`: give a model a longer window, and measure how far it reads.
 
     polyrl context extend builtin:tiny -o models/tiny-8k --rope yarn --factor 16
+    polyrl context train [SCHEDULE.yaml] -o runs/tiny-8k [--resume]
     polyrl context eval --model builtin:tiny --model models/tiny-8k --lengths 256,512,1024,2048
 
 `extend` writes a copy of a model directory with RoPE scaling and factor x its window
 (polyrl/models/context_extension.py): untrained, it is the "scaling alone" baseline; a run
 file whose model.path names it fine-tunes it at the longer length.
+
+`train` runs a schedule of context stages (polyrl/train/context_schedule.py; without a
+file, the built-in polyrl/configs/context_stages.yaml takes the built-in model from 512 to
+8,192 tokens): each stage's RoPE scaling, fine-tuning on packed long-dependency documents,
+and after each stage the model saved (DIR/stage-K, DIR/final) and scored on held-out
+questions at each length (teacher-forced greedy answer accuracy). `--resume` goes on from
+the last saved stage.
 
 `eval` asks the long-context domain's held-out questions (multi-hop variable tracking,
 multi-key retrieval, consistency, aggregation, code questions) and a single-needle
@@ -41,6 +49,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ext.add_argument("--rope", default="yarn", choices=["linear", "dynamic", "yarn", "llama3"],
                      help="RoPE scaling type (default yarn)")
     ext.add_argument("--factor", type=float, required=True, help="how many times the original window")
+    tr = sub.add_parser("train", help="staged context extension: train through a schedule of longer windows")
+    tr.add_argument("schedule", nargs="?", help="schedule file (default: the built-in 512 -> 8,192 schedule)")
+    tr.add_argument("-o", "--out", required=True, metavar="DIR", help="run directory (stage-K/, final/, *.jsonl)")
+    tr.add_argument("--resume", action="store_true", help="go on in an existing run directory")
+    tr.add_argument("--quiet", action="store_true", help="no progress bar")
     ev = sub.add_parser("eval", help="accuracy per kind and length, and the effective length")
     ev.add_argument("--model", action="append", required=True, metavar="MODEL",
                     help="builtin:tiny, a Hugging Face dir, a run dir, or openai:BASE_URL#MODEL (repeatable)")
@@ -58,7 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    return _extend(args) if args.action == "extend" else _eval(args)
+    return {"extend": _extend, "train": _train, "eval": _eval}[args.action](args)
 
 
 def _extend(args: argparse.Namespace) -> int:
@@ -69,17 +82,56 @@ def _extend(args: argparse.Namespace) -> int:
         src = resolve_model_dir(args.model, log=lambda m: print(m, file=sys.stderr))
         out = extend_context(src, args.out, args.rope, args.factor)
     except (FileNotFoundError, ValueError) as err:
-        raise ContextError(f"polyrl context extend: {err}") from None
+        raise ContextError(f"extend: {err}") from None
     window = json.loads((out / "config.json").read_text())["max_position_embeddings"]
     print(f"wrote {out}: {args.model} with {args.rope} RoPE scaling x{args.factor:g}, window {window} tokens")
     return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from importlib.resources import as_file, files
+    from pathlib import Path
+
+    from polyrl.train.context_schedule import ScheduleError, load_schedule
+    from polyrl.train.context_stages import train_stages
+
+    try:
+        if args.schedule:
+            schedule = load_schedule(args.schedule)
+        else:
+            with as_file(files("polyrl") / "configs" / "context_stages.yaml") as path:
+                schedule = load_schedule(path)
+    except ScheduleError as err:
+        raise ContextError(f"train: {err}") from None
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ContextError(f"train: {out} is a file, not a run directory")
+    if out.is_dir() and any(out.iterdir()) and not args.resume:
+        raise ContextError(f"train: {out} exists; pass --resume to go on in it, or choose another -o")
+    log = lambda message: print(message, file=sys.stderr)  # noqa: E731
+    try:
+        records = train_stages(schedule, out, log=log, progress=None if args.quiet else _bar("context train"))
+    except (FileNotFoundError, ValueError) as err:
+        raise ContextError(f"train: {err}") from None
+    lengths = list(records[-1]["lengths"])
+    print(f"\nanswer accuracy (%) after each stage, by length in tokens (teacher-forced greedy; {out}/eval.jsonl)")
+    print(f"{'stage':<24}" + "".join(f"{n:>8}" for n in lengths))
+    for r in records:
+        label = f"{r['stage']}: {r['max_length']} {r['rope']}" + (f" x{r['factor']:g}" if r["factor"] else "")
+        print(f"{label:<24}" + "".join(f"{_pct(r['lengths'][n]):>8}" for n in lengths))
+    print(f"model: {out}/final")
+    return 0
+
+
+def _pct(cell: dict) -> str:
+    return "-" if cell["accuracy"] is None else f"{100 * cell['accuracy']:.0f}"
 
 
 def _lengths(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise ContextError(f"polyrl context eval: --lengths must be integers separated by commas, got {text!r}") from None
+        raise ContextError(f"eval: --lengths must be integers separated by commas, got {text!r}") from None
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -93,20 +145,20 @@ def _eval(args: argparse.Namespace) -> int:
     try:
         LongContextDomain(kinds=kinds)  # the kinds' one-line error, before any model loads
     except ValueError as err:
-        raise ContextError(f"polyrl context eval: {err}") from None
+        raise ContextError(f"eval: {err}") from None
     limits = EvalLimits(max_tokens=args.max_tokens)
     results = []
     for spec in dict.fromkeys(args.model):
         try:
             adapter = load_model(spec)
         except ModelError as err:
-            raise ContextError(f"polyrl context eval: {err}") from None
+            raise ContextError(f"eval: {err}") from None
         try:
             tokenizer = getattr(adapter, "_tokenizer", None) or args.tokenizer
             try:
                 cells = sweep_tasks(tokenizer, lengths, args.per_cell, kinds, args.level)
             except ValueError as err:
-                raise ContextError(f"polyrl context eval: {err}") from None
+                raise ContextError(f"eval: {err}") from None
             results.append(run_sweep(adapter, cells, limits, None if args.quiet else _bar(spec)))
         finally:
             adapter.close()
@@ -117,7 +169,7 @@ def _eval(args: argparse.Namespace) -> int:
             with open(args.out, "w", encoding="utf-8") as f:
                 json.dump(doc, f, indent=1)
         except OSError as err:
-            raise ContextError(f"polyrl context eval: cannot write {args.out}: {err.strerror or err}") from None
+            raise ContextError(f"eval: cannot write {args.out}: {err.strerror or err}") from None
     if args.json:
         print(json.dumps(doc))
     else:
@@ -134,9 +186,9 @@ def _bar(spec: str):
     def progress(done: int, total: int, label: str) -> None:
         if "bar" not in state:
             state["bar"] = tqdm(total=total, desc=spec, file=sys.stderr, leave=False)
-        state["bar"].update(1)
+        state["bar"].update(done - state["bar"].n)  # done: tasks asked, or tokens trained
         state["bar"].set_postfix_str(label.removeprefix(spec).strip())
-        if done == total:
+        if done >= total:
             state["bar"].close()
 
     return progress

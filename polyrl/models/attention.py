@@ -7,6 +7,8 @@ in `engine/` and implement the same protocol.
 
 `DocumentCausalAttention` serves packed rows (several sequences back to back in one
 row, each attending only to itself), with positions restarting per sequence.
+`SegmentedCausalAttention` does the same for rows of one shared layout without a (T, T) mask:
+one causal kernel call per sequence, so a packed 8k-token row costs what its sequences cost.
 
 Out of scope here: sliding windows, attention sinks, soft-capping.
 """
@@ -83,3 +85,23 @@ class DocumentCausalAttention:
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         n_rep = q.shape[1] // k.shape[1]
         return F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), attn_mask=self.mask)
+
+
+class SegmentedCausalAttention:
+    """Causal attention within back-to-back sequences of the given lengths, the same for every
+    row: each sequence runs the causal kernel on its own slice (no (T, T) mask is built), so
+    the result equals DocumentCausalAttention's with memory linear in the row's length."""
+
+    def __init__(self, lengths: list[int]) -> None:
+        if not lengths or min(lengths) < 1:
+            raise ValueError(f"segment lengths must be positive, got {lengths}")
+        self.lengths = list(lengths)
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        if q.shape[2] != sum(self.lengths):
+            raise ValueError(f"{q.shape[2]} positions, segments of {sum(self.lengths)}")
+        if len(self.lengths) == 1:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        parts = [F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+                 for qs, ks, vs in zip(q.split(self.lengths, 2), k.split(self.lengths, 2), v.split(self.lengths, 2))]
+        return torch.cat(parts, dim=2)

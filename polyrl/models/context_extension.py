@@ -39,18 +39,9 @@ def extend_context(model_dir: str | os.PathLike[str], out_dir: str | os.PathLike
         raw = json.loads((src / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise ValueError(f"{src}: not a model directory with a readable config.json ({err})") from None
-    if raw.get("rope_scaling") not in (None, {}) and raw["rope_scaling"].get("rope_type", "default") != "default":
-        raise ValueError(f"{src} already has rope_scaling {raw['rope_scaling']}; extend the unscaled original")
     if dst.exists() and any(dst.iterdir()):
         raise ValueError(f"{dst} exists and is not empty")
-    original = int(raw.get("max_position_embeddings", 2048))
-    scaling: dict[str, Any] = {"rope_type": rope_type, "factor": float(factor)}
-    if rope_type in ("yarn", "llama3"):
-        scaling["original_max_position_embeddings"] = original
-    if rope_type == "llama3":
-        scaling.update(LLAMA3_DEFAULTS)
-    config = {**raw, "max_position_embeddings": int(original * factor), "rope_scaling": scaling}
-    config.pop("rope_parameters", None)  # transformers 5.x prefers a non-null rope_scaling anyway
+    config = scaled_config(raw, rope_type, factor, src)
     ModelConfig.from_hf_dict(config)  # refuse what the model code could not load, before writing
     dst.mkdir(parents=True, exist_ok=True)
     for path in src.iterdir():
@@ -59,3 +50,17 @@ def extend_context(model_dir: str | os.PathLike[str], out_dir: str | os.PathLike
     (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return dst
 
+
+def scaled_config(raw: dict[str, Any], rope_type: str, factor: float, name: object = "the model") -> dict[str, Any]:
+    """config.json of `raw` (an unscaled model's) with factor x its window by `rope_type`."""
+    if raw.get("rope_scaling") not in (None, {}) and raw["rope_scaling"].get("rope_type", "default") != "default":
+        raise ValueError(f"{name} already has rope_scaling {raw['rope_scaling']}; extend the unscaled original")
+    original = int(raw.get("max_position_embeddings", 2048))
+    scaling: dict[str, Any] = {"rope_type": rope_type, "factor": float(factor)}
+    if rope_type in ("yarn", "llama3"):
+        scaling["original_max_position_embeddings"] = original
+    if rope_type == "llama3":
+        scaling.update(LLAMA3_DEFAULTS)
+    config = {**raw, "max_position_embeddings": int(original * factor), "rope_scaling": scaling}
+    config.pop("rope_parameters", None)  # transformers 5.x prefers a non-null rope_scaling anyway
+    return config

@@ -1,0 +1,107 @@
+"""Staged context extension against one jump and against scaling alone, on one token budget.
+
+    PYTHONPATH=. .venv/bin/python bench/context_stages.py --tokens 1500000 --seeds 0 1 2
+
+Arms (every trained arm gets the same number of training tokens, documents of the
+long-context domain's train split; see polyrl/train/context_stages.py):
+- staged: 512 tokens with the original positions (half the budget), then 2,048 with YaRN x4
+  (a quarter), then 8,192 with YaRN x16 (a quarter);
+- jump: 8,192 with YaRN x16 from the start (the whole budget);
+- short+scale: the whole budget at 512 with the original positions, then YaRN x16 applied
+  with no further training (the task learnt short, the window stretched);
+- scale only: the built-in model with YaRN x16 and no training.
+Every arm ends with YaRN x16 (a window of 8,192) and is scored on the same held-out
+questions at 512 to 8,192 tokens: teacher-forced greedy answer accuracy and the answer's
+negative log-likelihood per token (polyrl/evals/answer_accuracy.py). Medians over seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from polyrl.models.hf_io import load_pretrained
+from polyrl.models.loading import resolve_model_dir
+from polyrl.models.tokenizer import Tokenizer
+from polyrl.train.context_schedule import EvalSpec, Schedule, Stage
+from polyrl.train.context_stages import apply_config, evaluate, stage_config, train_stages
+
+FINAL = Stage(max_length=8192, rope="yarn", factor=16, tokens=1)
+
+
+def arms(tokens: int) -> dict[str, list[Stage]]:
+    return {
+        "staged": [Stage(max_length=512, rope="none", tokens=tokens // 2),
+                   Stage(max_length=2048, rope="yarn", factor=4, tokens=tokens // 4),
+                   Stage(max_length=8192, rope="yarn", factor=16, tokens=tokens - tokens // 2 - tokens // 4)],
+        "jump": [Stage(max_length=8192, rope="yarn", factor=16, tokens=tokens)],
+        "short+scale": [Stage(max_length=512, rope="none", tokens=tokens)],
+        "scale only": [],
+    }
+
+
+def run_arm(name: str, stages: list[Stage], base: dict, seed: int, work: Path) -> dict:
+    start = time.perf_counter()
+    model_dir = resolve_model_dir("builtin:tiny")
+    original = json.loads((model_dir / "config.json").read_text())
+    schedule = Schedule(**{**base, "seed": seed, "stages": stages or [FINAL]})
+    if stages:
+        out = work / f"{name.replace(' ', '_').replace('+', '_')}-{seed}"
+        train_stages(schedule, out, log=lambda m: None)
+        model, _ = load_pretrained(out / "final")
+    else:
+        model, _ = load_pretrained(model_dir)
+    apply_config(model, stage_config(original, FINAL))  # every arm is scored with YaRN x16
+    model.eval()
+    result = evaluate(model, Tokenizer.from_dir(model_dir), schedule)
+    return {"arm": name, "seed": seed, "seconds": round(time.perf_counter() - start, 1), **result}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tokens", type=int, default=1_500_000, help="training tokens of every trained arm")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--kinds", default="needle,multikey_retrieval")
+    p.add_argument("--lengths", default="512,1024,2048,4096,8192")
+    p.add_argument("--per-length", type=int, default=32)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--batch-tokens", type=int, default=2048)
+    p.add_argument("--arms", default="staged,jump,short+scale,scale only")
+    p.add_argument("-o", "--out", help="write every record to this JSON file")
+    args = p.parse_args()
+    lengths = tuple(int(x) for x in args.lengths.split(","))
+    base = {"kinds": tuple(args.kinds.split(",")), "lr": args.lr, "batch_tokens": args.batch_tokens,
+            "eval": EvalSpec(lengths=lengths, per_length=args.per_length)}
+    chosen = {k: v for k, v in arms(args.tokens).items() if k in args.arms.split(",")}
+    records = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in args.seeds:  # arms interleaved within each seed
+            for name, stages in chosen.items():
+                record = run_arm(name, stages, base, seed, Path(tmp))
+                records.append(record)
+                print(json.dumps({k: record[k] for k in ("arm", "seed", "seconds")}),
+                      {n: c["accuracy"] for n, c in record["lengths"].items()}, flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(records, indent=1))
+    print(f"\n{args.tokens:,} training tokens per trained arm; kinds {args.kinds}; {args.per_length} held-out "
+          f"questions per length; seeds {args.seeds}; medians over seeds; every arm scored with YaRN x16")
+    print("answer accuracy (%)")
+    print(f"{'arm':<12}" + "".join(f"{n:>8}" for n in lengths) + f"{'seconds':>10}")
+    for name in chosen:
+        rows = [r for r in records if r["arm"] == name]
+        acc = [statistics.median(100 * r["lengths"][str(n)]["accuracy"] for r in rows) for n in lengths]
+        secs = statistics.median(r["seconds"] for r in rows)
+        print(f"{name:<12}" + "".join(f"{a:>8.1f}" for a in acc) + f"{secs:>10.0f}")
+    print("answer NLL (nats per token)")
+    for name in chosen:
+        rows = [r for r in records if r["arm"] == name]
+        nll = [statistics.median(r["lengths"][str(n)]["answer_nll"] for r in rows) for n in lengths]
+        print(f"{name:<12}" + "".join(f"{x:>8.3f}" for x in nll))
+
+
+if __name__ == "__main__":
+    main()
