@@ -1,16 +1,17 @@
 """Staged context extension against one jump and against scaling alone, on one token budget.
 
-    PYTHONPATH=. .venv/bin/python bench/context_stages.py --tokens 1500000 --seeds 0 1 2
+    PYTHONPATH=. .venv/bin/python bench/context_stages.py --tokens 2000000 --seeds 0 1 2
 
 Arms (every trained arm gets the same number of training tokens, documents of the
 long-context domain's train split; see polyrl/train/context_stages.py):
-- staged: 512 tokens with the original positions (half the budget), then 2,048 with YaRN x4
-  (a quarter), then 8,192 with YaRN x16 (a quarter);
+- staged: 512 tokens with the original positions (a quarter of the budget), then 2,048 with
+  YaRN x4 (an eighth), then 8,192 with YaRN x16 (the rest);
 - jump: 8,192 with YaRN x16 from the start (the whole budget);
 - short+scale: the whole budget at 512 with the original positions, then YaRN x16 applied
   with no further training (the task learnt short, the window stretched);
 - scale only: the built-in model with YaRN x16 and no training.
-Every arm ends with YaRN x16 (a window of 8,192) and is scored on the same held-out
+A length trains with the same step (2,048 / 4,096 / 16,384 tokens) and learning rate (1e-3 /
+1e-3 / 5e-4) in every arm. Every arm ends with YaRN x16 (a window of 8,192) and is scored on the same held-out
 questions at 512 to 8,192 tokens: teacher-forced greedy answer accuracy and the answer's
 negative log-likelihood per token (polyrl/evals/answer_accuracy.py). Medians over seeds.
 """
@@ -34,12 +35,16 @@ FINAL = Stage(max_length=8192, rope="yarn", factor=16, tokens=1)
 
 
 def arms(tokens: int) -> dict[str, list[Stage]]:
+    """The arms' stages; a length trains with the same step size and learning rate in every arm."""
+    def at(length: int, share: int, rope: str = "yarn") -> Stage:
+        batch, lr = {512: (2048, 1e-3), 2048: (4096, 1e-3), 8192: (16384, 5e-4)}[length]
+        return Stage(max_length=length, rope=rope, factor=None if rope == "none" else length / 512,
+                     tokens=tokens * share // 8, batch_tokens=batch, lr=lr)
+
     return {
-        "staged": [Stage(max_length=512, rope="none", tokens=tokens // 2),
-                   Stage(max_length=2048, rope="yarn", factor=4, tokens=tokens // 4),
-                   Stage(max_length=8192, rope="yarn", factor=16, tokens=tokens - tokens // 2 - tokens // 4)],
-        "jump": [Stage(max_length=8192, rope="yarn", factor=16, tokens=tokens)],
-        "short+scale": [Stage(max_length=512, rope="none", tokens=tokens)],
+        "staged": [at(512, 2, "none"), at(2048, 1), at(8192, 5)],
+        "jump": [at(8192, 8)],
+        "short+scale": [at(512, 8, "none")],
         "scale only": [],
     }
 
@@ -63,9 +68,9 @@ def run_arm(name: str, stages: list[Stage], base: dict, seed: int, work: Path) -
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--tokens", type=int, default=1_500_000, help="training tokens of every trained arm")
+    p.add_argument("--tokens", type=int, default=2_000_000, help="training tokens of every trained arm")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--kinds", default="needle,multikey_retrieval")
+    p.add_argument("--kinds", default="needle")
     p.add_argument("--lengths", default="512,1024,2048,4096,8192")
     p.add_argument("--per-length", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)

@@ -106,12 +106,12 @@ def test_segmented_attention_equals_the_document_mask_in_values_and_gradients() 
 
 
 def test_packing_keeps_every_document_within_rows_of_the_stage_length() -> None:
-    docs = [Document(list(range(n)), [1.0] * n) for n in (300, 200, 120, 500, 90, 10)]
+    docs = [Document(list(range(n)), [False] * n) for n in (300, 200, 120, 500, 90, 10)]
     rows = pack_rows(docs, 512)
     assert sorted(len(d.ids) for r in rows for d in r) == sorted(len(d.ids) for d in docs)
     assert all(sum(len(d.ids) for d in r) <= 512 for r in rows) and len(rows) == 3
     with pytest.raises(ValueError, match="longer than the row"):
-        pack_rows([Document(list(range(600)), [1.0] * 600)], 512)
+        pack_rows([Document(list(range(600)), [False] * 600)], 512)
 
 
 # ---------------------------------------------------------------- training and scoring

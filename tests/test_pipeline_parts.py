@@ -93,3 +93,40 @@ def test_close_stops_the_roles_with_work_still_queued():
     stream.next()
     stream.close()
     assert not any(t.is_alive() for t in stream._threads)
+
+
+def test_a_rollout_pools_shards_merge_in_prompt_order_with_summed_counters():
+    from polyrl.engine.stats import counter_delta
+    from polyrl.pipeline.roles import RolloutBatch, merge_shards
+    from polyrl.rollout.groups import Group
+    from polyrl.types import Task
+
+    tasks = [Task(id=f"t{k}", domain="math", prompt=str(k)) for k in range(5)]
+    counters = {"prefill_tokens_computed": 0, "prefill_tokens_cached": 0, "scheduled_seqs": 0, "steps": 0}
+
+    def engine(computed, cached, seqs, steps):
+        after = {"prefill_tokens_computed": computed, "prefill_tokens_cached": cached, "scheduled_seqs": seqs,
+                 "steps": steps}
+        return counter_delta(counters, after)
+
+    first = RolloutBatch(3, 7, [Group(tasks[k], []) for k in (0, 2, 4)], 2.0, 0.1, engine(60, 40, 30, 10),
+                         ["a"], order=[0, 2, 4])
+    second = RolloutBatch(3, 6, [Group(tasks[k], []) for k in (3, 1)], 3.0, 0.2, engine(20, 80, 10, 10),
+                          ["b"], order=[3, 1])
+    merged = merge_shards([first, second])
+    assert [g.task.id for g in merged.groups] == ["t0", "t1", "t2", "t3", "t4"] and merged.order == [0, 1, 2, 3, 4]
+    assert (merged.step, merged.version, merged.rollout_seconds, merged.sync_seconds) == (3, 6, 3.0, 0.2)
+    assert merged.engine["prefill_tokens_cached"] == 120 and merged.engine["prefix_hit_rate"] == 0.6
+    assert merged.engine["batch_occupancy"] == 2.0 and merged.records == ["a", "b"]
+    with pytest.raises(ValueError, match="different steps"):
+        merge_shards([first, RolloutBatch(4, 7, [], 0.0, 0.0)])
+
+
+def test_a_rollout_pool_needs_the_ray_backend():
+    from pydantic import ValidationError
+
+    from polyrl.pipeline.cluster import ClusterConfig
+
+    assert ClusterConfig(backend="ray", rollout_replicas=4).rollout_replicas == 4
+    with pytest.raises(ValidationError, match="needs backend: ray"):
+        ClusterConfig(backend="local", rollout_replicas=2)

@@ -26,7 +26,7 @@ def ray_cluster():
     mp.undo()
 
 
-def four_domains(model_dir, K):
+def four_domains(model_dir, K, replicas=1):
     return load_config_text(f"""
 seed: 1
 rl_tasks:
@@ -58,8 +58,9 @@ eval:
   greedy: false
 cluster:
   backend: ray
-  rollout: {{num_cpus: 1}}
+  rollout: {{num_cpus: {1 / replicas}}}
   reward: {{num_cpus: 1}}
+  rollout_replicas: {replicas}
 """)
 
 
@@ -86,3 +87,21 @@ def test_a_four_domain_run_on_ray_actors(tmp_path, rm_cache, monkeypatch, ray_cl
     assert {"model", "episode"} <= kinds
     assert not ray_cluster.util.placement_group_table() or all(
         pg["state"] == "REMOVED" for pg in ray_cluster.util.placement_group_table().values())
+
+
+def test_a_pool_of_two_rollout_actors_shares_each_step(tmp_path, rm_cache, monkeypatch, ray_cluster):  # noqa: F811
+    monkeypatch.setenv("POLYRL_CACHE", str(rm_cache))
+    model_dir = random_model_dir(tmp_path / "model")
+    cfg = four_domains(model_dir, 1, replicas=2)
+    result = train(cfg, tmp_path / "run", log=lambda *_: None)
+    assert result.steps_done == 3 and set(result.after) == {"code", "agent", "math", "alignment"}
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    for m in metrics:  # every step trains on all its prompts, from both actors' shards
+        assert sum(d["groups"] for d in m["domains"].values()) == cfg.trainer.prompts_per_step
+        assert m["pipeline"]["staleness"]["max"] <= 1
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "run" / "obs.sqlite") as db:
+        traces = [t for (t,) in db.execute("select trace_id from records where kind = 'model'")]
+    for step in range(3):
+        assert {t.split("-")[1] for t in traces if t.startswith(f"s{step}-")} == {"0", "1"}

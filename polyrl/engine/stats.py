@@ -52,7 +52,26 @@ def counter_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, An
     decoding spec_acceptance_rate and spec_mean_acceptance_length. {} if either is empty."""
     if not before or not after:
         return {}
-    d = {k: after[k] - before.get(k, 0) for k in after}
+    return _with_rates({k: after[k] - before.get(k, 0) for k in after})
+
+
+_RATES = ("prefix_hit_rate", "batch_occupancy", "spec_acceptance_rate", "spec_mean_acceptance_length")
+
+
+def sum_deltas(deltas: list[dict[str, Any]]) -> dict[str, Any]:
+    """The counters of several engines over one interval (a rollout pool's), rates recomputed
+    from the sums. {} if any is empty."""
+    if not deltas or any(not d for d in deltas):
+        return {}
+    total: dict[str, Any] = {}
+    for d in deltas:
+        for k, v in d.items():
+            if k not in _RATES:
+                total[k] = total.get(k, 0) + v
+    return _with_rates(total)
+
+
+def _with_rates(d: dict[str, Any]) -> dict[str, Any]:
     prefill = d["prefill_tokens_computed"] + d["prefill_tokens_cached"]
     d["prefix_hit_rate"] = round(d["prefill_tokens_cached"] / prefill, 4) if prefill else 0.0
     d["batch_occupancy"] = round(d["scheduled_seqs"] / d["steps"], 2) if d["steps"] else 0.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 _STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True, allow_inf_nan=False)
 
@@ -36,3 +36,13 @@ class ClusterConfig(BaseModel):
     """the rollout role's actor (engine workers run inside it)"""
     reward: RoleResources = Field(default_factory=RoleResources)
     """the reward role's actor (sandbox pool and reward-model scorers)"""
+    rollout_replicas: int = Field(1, ge=1, le=1024)
+    """rollout actors (ray only; 1..1024), each with its own engine and `rollout` resources: a step's
+    prompts are split among them, and the weights of a version are put in the object store once"""
+
+    @model_validator(mode="after")
+    def _replicas_need_ray(self) -> ClusterConfig:
+        if self.rollout_replicas > 1 and self.backend != "ray":
+            raise ValueError(f"rollout_replicas: {self.rollout_replicas} needs backend: ray (the local backends "
+                             "run one engine)")
+        return self

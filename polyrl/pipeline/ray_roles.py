@@ -15,7 +15,10 @@ engine on one GPU, CUDA IPC handles (`torch.multiprocessing.reductions.reduce_te
 `RolloutRole.sync(weights, version)` is the call either one ends in. Neither is built
 here (there is no GPU on this project's machines).
 
-Out of scope: more than one actor per role, the trainer as an actor (it stays in the
+With `cluster.rollout_replicas: N`, N rollout actors share each step (RayRolloutPool): the
+step's prompts are split among them and their batches merged in prompt order.
+
+Out of scope: more than one reward actor, the trainer as an actor (it stays in the
 driver process, where the run directory is), actors on machines that do not share the
 run directory's file system (the execution log is written by the reward actor).
 """
@@ -29,7 +32,7 @@ from typing import Any, Mapping
 
 from polyrl.config import RunConfig
 from polyrl.pipeline.backend import Roles
-from polyrl.pipeline.roles import RewardRole, RolloutRole, Ticket
+from polyrl.pipeline.roles import EvalBatch, RewardRole, RolloutBatch, RolloutRole, Ticket, merge_shards
 from polyrl.types import Task
 
 PLACEMENT_TIMEOUT_S = 120
@@ -49,36 +52,39 @@ def start_ray_roles(cfg: RunConfig, model_dir: Path, heldout: Mapping[str, list[
     if not ray.is_initialized():
         if cfg.cluster.address is None:  # a local cluster of this machine, for this run only
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-            need = cfg.cluster.rollout.num_cpus + cfg.cluster.reward.num_cpus
+            need = cfg.cluster.rollout.num_cpus * cfg.cluster.rollout_replicas + cfg.cluster.reward.num_cpus
             ray.init(num_cpus=max(os.cpu_count() or 1, int(need + 0.999)), include_dashboard=False,
                      log_to_driver=False, configure_logging=False)
         else:
             ray.init(address=cfg.cluster.address, log_to_driver=False, configure_logging=False)
         closers.append(ray.shutdown)
-    roles = {"rollout": cfg.cluster.rollout, "reward": cfg.cluster.reward}
-    bundles = [{"CPU": r.num_cpus, **({"GPU": r.num_gpus} if r.num_gpus else {})} for r in roles.values()]
+    replicas = cfg.cluster.rollout_replicas
+    roles = [("reward", cfg.cluster.reward)] + [("rollout", cfg.cluster.rollout)] * replicas
+    bundles = [{"CPU": r.num_cpus, **({"GPU": r.num_gpus} if r.num_gpus else {})} for _, r in roles]
     group = placement_group(bundles, strategy="PACK")
     closers.append(lambda: remove_placement_group(group))
     ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
     if not ready:
         _close(closers)
         raise RuntimeError(f"the Ray cluster cannot place the roles' resources {bundles} within "
-                           f"{PLACEMENT_TIMEOUT_S} s; lower cluster.rollout / cluster.reward or add nodes")
+                           f"{PLACEMENT_TIMEOUT_S} s; lower cluster.rollout / cluster.reward / "
+                           "cluster.rollout_replicas or add nodes")
     actor = ray.remote(RoleActor)
-    handles = {}
-    for i, (name, res) in enumerate(roles.items()):
+    handles = []
+    for i, (name, res) in enumerate(roles):
         args = (cfg, model_dir, heldout) if name == "rollout" else (cfg, executions)
-        handles[name] = actor.options(
+        handles.append(actor.options(
             num_cpus=res.num_cpus, num_gpus=res.num_gpus, name=None, max_concurrency=1,
             scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i),
-        ).remote(name, *args)
-    rollout, reward = RayRollout(handles["rollout"]), RemoteRole(handles["reward"])
+        ).remote(name, *args))
+    reward_actor, rollout_actors = handles[0], handles[1:]
+    rollout, reward = RayRolloutPool(rollout_actors), RemoteRole(reward_actor)
     try:  # building a role fails loudly here, not at its first call
-        ray.get([h.ready.remote() for h in handles.values()])
+        ray.get([h.ready.remote() for h in handles])
     except BaseException:
         _close(closers)
         raise
-    closers += [lambda: _close_actor(handles["reward"]), lambda: _close_actor(handles["rollout"])]
+    closers += [lambda: _close_actor(reward_actor)] + [lambda a=a: _close_actor(a) for a in rollout_actors]
     return Roles(rollout, reward, closers)
 
 
@@ -111,21 +117,36 @@ class RemoteRole:
         return lambda *args: ray.get(self._actor.call.remote(method, *args))
 
 
-class RayRollout(RemoteRole):
-    """The rollout proxy; weights go through the object store, once per version."""
+class RayRolloutPool(RemoteRole):
+    """The rollout proxy over one or more rollout actors. A ticket's prompts are split among
+    them (Ticket.shard) and their batches merged (roles.merge_shards); its evaluation runs on
+    the first actor beside the others' rollouts. The weights of a version go into the object
+    store once, and every actor takes them from there. Other calls (the evaluations before and
+    after training) go to the first actor."""
 
-    def run(self, ticket: Ticket) -> Any:
+    def __init__(self, actors: list[Any]) -> None:
+        super().__init__(actors[0])
+        self.actors = actors
+
+    def run(self, ticket: Ticket) -> list[RolloutBatch | EvalBatch]:
         import ray
 
-        if ticket.weights is None:
-            return ray.get(self._actor.call.remote("run", ticket))
-        ref = ray.put(ticket.weights)
-        return ray.get(self._actor.run_with.remote(replace(ticket, weights=None), ref))
+        ref = None if ticket.weights is None else ray.put(ticket.weights)
+        n = len(self.actors)
+        calls = []
+        for i, actor in enumerate(self.actors):
+            shard = replace(ticket, weights=None, shard=(i, n), eval_step=ticket.eval_step if i == 0 else None)
+            calls.append(actor.call.remote("run", shard) if ref is None else actor.run_with.remote(shard, ref))
+        answers = ray.get(calls)
+        evaluations = [item for items in answers for item in items if isinstance(item, EvalBatch)]
+        batches = [item for items in answers for item in items if isinstance(item, RolloutBatch)]
+        return evaluations + [batches[0] if n == 1 else merge_shards(batches)]
 
     def sync(self, weights: Any, version: int) -> float:
         import ray
 
-        return ray.get(self._actor.call.remote("sync", ray.put(weights), version))
+        ref = ray.put(weights)
+        return max(ray.get([a.call.remote("sync", ref, version) for a in self.actors]))
 
 
 def _close_actor(actor: Any) -> None:

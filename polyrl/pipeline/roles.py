@@ -24,7 +24,7 @@ import torch
 
 from polyrl.config import RunConfig
 from polyrl.engine.factory import build_engine
-from polyrl.engine.stats import counter_delta, engine_counters
+from polyrl.engine.stats import counter_delta, engine_counters, sum_deltas
 from polyrl.models.loading import load_policy
 from polyrl.obs.records import ListRecorder, ObsRecord
 from polyrl.pipeline.shared_engine import SharedEngine
@@ -49,6 +49,8 @@ class Ticket:
     """the weights of `version`, when the rollout role does not hold them yet"""
     eval_step: int | None = None
     """run the held-out evaluation of this step (train/loop.py: "eval{step}") at `version` first"""
+    shard: tuple[int, int] = (0, 1)
+    """(i, n): roll out the step's prompts i, i + n, i + 2n, ... (one engine of a rollout pool)"""
 
 
 @dataclass
@@ -63,6 +65,8 @@ class RolloutBatch:
     """the engine's counters over this rollout (engine/stats.py)"""
     records: list[ObsRecord] = field(default_factory=list)
     reward_seconds: float = 0.0
+    order: list[int] = field(default_factory=list)
+    """each group's prompt's index among the step's prompts (to merge a rollout pool's shards)"""
 
 
 @dataclass
@@ -76,6 +80,19 @@ class EvalBatch:
     """per domain, once scored (train/evaluate.py)"""
     line: int | None = None
     """the step whose metrics line reports it (its execution records carry that step); None: `step`"""
+
+
+def merge_shards(shards: list[RolloutBatch]) -> RolloutBatch:
+    """One step's batch from the batches of a rollout pool's engines (Ticket.shard): the groups
+    in the order of the step's prompts, the slowest engine's seconds, the engines' counters
+    summed, the oldest version."""
+    if len({b.step for b in shards}) != 1:
+        raise ValueError(f"shards of different steps {[b.step for b in shards]}")
+    placed = sorted(((k, n, g) for n, b in enumerate(shards) for k, g in zip(b.order, b.groups)), key=lambda x: x[:2])
+    return RolloutBatch(shards[0].step, min(b.version for b in shards), [g for _, _, g in placed],
+                        max(b.rollout_seconds for b in shards), max(b.sync_seconds for b in shards),
+                        sum_deltas([b.engine for b in shards]), [r for b in shards for r in b.records],
+                        order=[k for k, _, _ in placed])
 
 
 class RolloutRole:
@@ -117,11 +134,15 @@ class RolloutRole:
     def roll(self, ticket: Ticket, sync_seconds: float = 0.0) -> RolloutBatch:
         recorder = self.rollout.recorder = ListRecorder()
         start, counters = time.perf_counter(), engine_counters(self.engine)
-        tasks = draw_tasks(self.specs, ticket.counts, self.cfg.seed, ticket.step)
+        index, shards = ticket.shard
+        drawn = draw_tasks(self.specs, ticket.counts, self.cfg.seed, ticket.step)
+        mine = {id(t): k for k, t in enumerate(drawn) if k % shards == index}
+        tasks = [t for t in drawn if id(t) in mine]
         groups = self.rollout.groups(tasks, self.cfg.trainer.group_size, rollout_sampling(self.cfg.seed, ticket.step),
-                                     f"s{ticket.step}")
+                                     f"s{ticket.step}" if shards == 1 else f"s{ticket.step}-{index}")
         return RolloutBatch(ticket.step, self.engine.weight_version, groups, time.perf_counter() - start, sync_seconds,
-                            counter_delta(counters, engine_counters(self.engine)), recorder.records)
+                            counter_delta(counters, engine_counters(self.engine)), recorder.records,
+                            order=[mine[id(g.task)] for g in groups])
 
     def evaluate(self, step: int, line: int | None = None, every_domain: bool = False) -> EvalBatch:
         """The held-out tasks' responses for the evaluation of `step`, at the engine's current

@@ -11,7 +11,7 @@
     stages:                        # lengths increase; each stage starts from the last one's weights
       - {max_length: 512, rope: none, tokens: 300000}
       - {max_length: 2048, rope: yarn, tokens: 150000}           # factor: max_length / the model's window
-      - {max_length: 8192, rope: yarn, factor: 16, tokens: 150000}
+      - {max_length: 8192, rope: yarn, factor: 16, tokens: 150000, batch_tokens: 16384}
     eval: {lengths: [512, 1024, 2048, 4096, 8192], per_length: 24}
 
 A stage's RoPE scaling is applied to the original (unscaled) model's config, so a stage with
@@ -45,6 +45,11 @@ class Stage(BaseModel):
     """How many times the original window; default max_length / the original window."""
     tokens: int = Field(ge=1, le=10**10)
     """Training tokens of the stage (every token of every packed row)."""
+    batch_tokens: int | None = Field(None, ge=MIN_TOKENS, le=1 << 24)
+    """Tokens per optimizer step in this stage (default: the schedule's batch_tokens). Long
+    stages want more: a step of one 8k document is a batch of one answer."""
+    lr: float | None = Field(None, gt=0, le=1)
+    """Learning rate of this stage (default: the schedule's lr)."""
 
 
 class EvalSpec(BaseModel):

@@ -10,8 +10,9 @@ and fine-tunes on long-dependency documents of the long-context domain's train s
 up to the stage's window, the rest at the window. Documents are packed into rows of at most
 `max_length` tokens, each attending only to itself with positions from 0
 (SegmentedCausalAttention: no (T, T) mask, one causal kernel call per document). The loss is
-the answer's tokens (weight 1) and the document's (`prompt_loss_weight`), over a step of
-`batch_tokens` tokens.
+the mean over the answers' tokens plus `prompt_loss_weight` times the mean over the documents'
+tokens, over a step of `batch_tokens` tokens: two means, so that an answer weighs the same in a
+document of 8k tokens as in one of 500 (a loss per token would drown it in the document).
 
 After every stage the model is saved (a Hugging Face directory with the stage's
 rope_scaling) and scored on held-out questions at each `eval.lengths` (answer_accuracy.py),
@@ -64,8 +65,8 @@ _DRAW = 16
 @dataclass
 class Document:
     ids: list[int]
-    weights: list[float]
-    """Loss weight of predicting each token from the one before it (index 0 unused)."""
+    answer: list[bool]
+    """Which tokens are the answer's (the reply and its end of turn); the rest are the document's."""
 
 
 def stage_config(original: dict, stage: Stage) -> dict:
@@ -113,20 +114,25 @@ class DocumentStream:
         if not queue:
             self.chunks += 1
             domain = LongContextDomain(levels=(s.level,), kinds=s.kinds, tokens=length, tokenizer=self.tokenizer)
-            queue.extend(domain.sample("train", _DRAW, seed=hash_seed(s.seed, self.index, length, self.chunks)))
+            try:
+                queue.extend(domain.sample("train", _DRAW, seed=hash_seed(s.seed, self.index, length, self.chunks)))
+            except ValueError as err:  # a kind whose evidence alone is longer than this bucket
+                if "too short" not in str(err) or length == self.buckets[-1]:
+                    raise
+                self.buckets.remove(length)
+                return self.next()
             self.rng.shuffle(queue)
-        return encode(queue.pop(), self.tokenizer, s.prompt_loss_weight)
+        return encode(queue.pop(), self.tokenizer)
 
 
 def hash_seed(*parts: object) -> int:
     return random.Random("|".join(map(str, parts))).randrange(2**31)
 
 
-def encode(task: Task, tokenizer: Tokenizer, prompt_weight: float) -> Document:
+def encode(task: Task, tokenizer: Tokenizer) -> Document:
     segment = training_tokens(tokenizer, [{"role": "user", "content": task.prompt},
                                           {"role": "assistant", "content": f"\\boxed{{{task.answer}}}"}])
-    weights = [1.0 if m else prompt_weight for m in segment.loss_mask]
-    return Document(segment.token_ids, weights)
+    return Document(segment.token_ids, [bool(m) for m in segment.loss_mask])
 
 
 def pack_rows(docs: list[Document], max_length: int) -> list[list[Document]]:
@@ -146,17 +152,23 @@ def pack_rows(docs: list[Document], max_length: int) -> list[list[Document]]:
     return rows
 
 
-def row_loss(model: Transformer, row: list[Document], device: torch.device) -> tuple[torch.Tensor, float, float]:
-    """(weighted loss sum, weight sum, answer-token loss sum) of one packed row."""
+def row_loss(model: Transformer, row: list[Document], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(answer tokens' NLL sum, document tokens' NLL sum) of one packed row; a document's first
+    token is predicted by nothing and counts in neither."""
     ids = torch.tensor([[t for d in row for t in d.ids]], device=device)
     positions = torch.cat([torch.arange(len(d.ids)) for d in row])[None].to(device)
-    weights = torch.tensor([w for d in row for w in [0.0, *d.weights[1:]]], device=device)
+    answer = torch.tensor([a for d in row for a in [False, *d.answer[1:]]], device=device)
+    first = torch.tensor([k == 0 for d in row for k in range(len(d.ids))], device=device)
     logits = model(ids, positions, SegmentedCausalAttention([len(d.ids) for d in row]))[0]
-    # position i predicts token i+1 within its document; a document's first token has weight 0
-    nll = F.cross_entropy(logits[:-1], ids[0, 1:], reduction="none")
-    w = weights[1:]
-    answer = (w == 1.0).float()
-    return (nll * w).sum(), float(w.sum()), float((nll.detach() * answer).sum())
+    nll = F.cross_entropy(logits[:-1], ids[0, 1:], reduction="none")  # position i predicts token i + 1
+    answer, document = answer[1:], ~(answer[1:] | first[1:])
+    return nll[answer].sum(), nll[document].sum()
+
+
+def token_counts(docs: list[Document]) -> tuple[int, int]:
+    """(answer tokens, document tokens) that a step's loss averages over."""
+    answer = sum(sum(d.answer[1:]) for d in docs)
+    return answer, sum(len(d.ids) - 1 for d in docs) - answer
 
 
 def train_stages(schedule: Schedule, out: Path, log: Callable[[str], None] = print,
@@ -215,35 +227,37 @@ def _train_stage(model: Transformer, schedule: Schedule, stage: Stage, index: in
                  device: torch.device, out: Path, seen: int, total: int,
                  progress: Callable[[int, int, str], None] | None) -> int:
     stream = DocumentStream(schedule, stage, index, tokenizer)
-    opt = torch.optim.AdamW(model.parameters(), lr=schedule.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    lr, batch_tokens = stage.lr or schedule.lr, stage.batch_tokens or schedule.batch_tokens
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     trained, step = 0, 0
     with open(out / "metrics.jsonl", "a", encoding="utf-8") as metrics:
         while trained < stage.tokens:
             start = time.perf_counter()
             docs, size = [], 0
-            while size < min(schedule.batch_tokens, stage.tokens - trained):
+            while size < min(batch_tokens, stage.tokens - trained):
                 doc = stream.next()
                 docs.append(doc)
                 size += len(doc.ids)
             step += 1
             for group in opt.param_groups:
-                group["lr"] = schedule.lr * min(1.0, step / max(1, schedule.warmup_steps))
+                group["lr"] = lr * min(1.0, step / max(1, schedule.warmup_steps))
             rows = pack_rows(docs, stage.max_length)
-            weight = sum(sum(d.weights[1:]) for d in docs)
+            n_answer, n_document = token_counts(docs)
             opt.zero_grad(set_to_none=True)
-            loss_sum, answer_sum, answer_tokens = 0.0, 0.0, sum(sum(w == 1.0 for w in d.weights[1:]) for d in docs)
+            answer_sum = document_sum = 0.0
             for row in rows:
-                loss, _, answer = row_loss(model, row, device)
-                (loss / weight).backward()
-                loss_sum += float(loss.detach())
-                answer_sum += answer
+                answer, document = row_loss(model, row, device)
+                loss = answer / max(1, n_answer) + schedule.prompt_loss_weight * document / max(1, n_document)
+                loss.backward()
+                answer_sum += float(answer.detach())
+                document_sum += float(document.detach())
             grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
             opt.step()
             trained += size
             seen += size
             line = {"stage": index + 1, "step": step, "tokens": size, "tokens_total": seen, "rows": len(rows),
-                    "documents": len(docs), "loss": round(loss_sum / weight, 5),
-                    "answer_loss": round(answer_sum / max(1, answer_tokens), 5), "grad_norm": round(grad_norm, 4),
+                    "documents": len(docs), "answer_loss": round(answer_sum / max(1, n_answer), 5),
+                    "document_loss": round(document_sum / max(1, n_document), 5), "grad_norm": round(grad_norm, 4),
                     "seconds": round(time.perf_counter() - start, 3)}
             metrics.write(json.dumps(line) + "\n")
             metrics.flush()
