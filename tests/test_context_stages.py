@@ -173,3 +173,12 @@ def test_the_command_refuses_an_existing_directory_and_a_bad_file(tmp_path: Path
     got = subprocess.run([sys.executable, "-m", "polyrl.cli", "context", "train", str(bad), "-o", str(tmp_path / "new")],
                          capture_output=True, text=True)
     assert got.returncode == 2 and "stages[0].tokens" in got.stderr and not (tmp_path / "new").exists()
+
+
+def test_the_built_in_schedule_loads_and_ends_at_8k() -> None:
+    from importlib.resources import as_file, files
+
+    with as_file(files("polyrl") / "configs" / "context_stages.yaml") as path:
+        schedule = load_schedule(path)
+    assert schedule.stages[0].rope == "none" and schedule.stages[-1].max_length == 8192
+    assert stage_config(json.loads(json.dumps(ORIGINAL)), schedule.stages[-1])["max_position_embeddings"] == 8192

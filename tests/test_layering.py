@@ -24,7 +24,7 @@ LAYERS = {
     "agent": MIDDLE, "domains": MIDDLE, "rewards": MIDDLE, "quality": MIDDLE,
     # what wires them together: rollout, training, the built-in recipes, the run file, the commands
     "rollout": TOP, "train": TOP, "pipeline": TOP, "serve": TOP, "evals": TOP, "report": TOP, "builtin": TOP,
-    "config": TOP, "config_messages": TOP, "config_checks": TOP, "commands": TOP, "cli": TOP,
+    "config": TOP, "config_messages": TOP, "config_checks": TOP, "config_tasks": TOP, "commands": TOP, "cli": TOP,
 }
 NAMES = {BASE: "base", MIDDLE: "middle", TOP: "top"}
 FORBIDDEN_PEERS = {("agent", "domains"), ("agent", "rewards"), ("agent", "quality")}
