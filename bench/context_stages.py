@@ -89,9 +89,9 @@ def main() -> None:
                 record = run_arm(name, stages, base, seed, Path(tmp))
                 records.append(record)
                 print(json.dumps({k: record[k] for k in ("arm", "seed", "seconds")}),
-                      {n: c["accuracy"] for n, c in record["lengths"].items()}, flush=True)
-    if args.out:
-        Path(args.out).write_text(json.dumps(records, indent=1))
+                      {n: (c["accuracy"], c["answer_nll"]) for n, c in record["lengths"].items()}, flush=True)
+                if args.out:  # after every arm, so a run cut short keeps what it measured
+                    Path(args.out).write_text(json.dumps(records, indent=1))
     print(f"\n{args.tokens:,} training tokens per trained arm; kinds {args.kinds}; {args.per_length} held-out "
           f"questions per length; seeds {args.seeds}; medians over seeds; every arm scored with YaRN x16")
     print("answer accuracy (%)")
