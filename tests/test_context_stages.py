@@ -4,6 +4,7 @@ attention, the teacher-forced answer accuracy, and `polyrl context train`."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -139,7 +140,6 @@ def test_training_lowers_the_answer_loss_and_a_run_resumes_at_its_first_unsaved_
     assert {s["stage"] for s in steps} == {1, 2} and steps[-1]["tokens_total"] >= 36_000
 
     # a run stopped inside stage 2: its saved stage 1 is kept, stage 2 trained again from its start
-    import shutil
     shutil.rmtree(out / "stage-2")
     (out / "eval.jsonl").write_text((out / "eval.jsonl").read_text().splitlines()[0] + "\n")
     with open(out / "metrics.jsonl", "a") as f:

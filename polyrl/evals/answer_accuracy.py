@@ -20,7 +20,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from polyrl.agent.engine_model import training_tokens
+from polyrl.agent.engine_model import Segment, training_tokens
 from polyrl.models.tokenizer import Tokenizer
 from polyrl.models.transformer import Transformer
 from polyrl.types import Task
@@ -30,14 +30,19 @@ def reference_reply(task: Task) -> str:
     return f"\\boxed{{{task.answer}}}"
 
 
+def reference_tokens(task: Task, tokenizer: Tokenizer) -> Segment:
+    """The task's prompt and reference reply as one token sequence, loss mask 1 on the reply."""
+    return training_tokens(tokenizer, [{"role": "user", "content": task.prompt},
+                                       {"role": "assistant", "content": reference_reply(task)}])
+
+
 @torch.no_grad()
 def answer_accuracy(model: Transformer, tokenizer: Tokenizer, tasks: Sequence[Task]) -> dict:
     window = model.cfg.max_position_embeddings
     correct, overflow, nll_sum, nll_tokens = 0, 0, 0.0, 0
     device = next(model.parameters()).device
     for task in tasks:
-        segment = training_tokens(tokenizer, [{"role": "user", "content": task.prompt},
-                                              {"role": "assistant", "content": reference_reply(task)}])
+        segment = reference_tokens(task, tokenizer)
         if len(segment.token_ids) > window:
             overflow += 1
             continue

@@ -40,9 +40,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from polyrl.agent.engine_model import training_tokens
 from polyrl.domains.longctx import MIN_TOKENS, LongContextDomain
-from polyrl.evals.answer_accuracy import answer_accuracy
+from polyrl.evals.answer_accuracy import answer_accuracy, reference_tokens
 from polyrl.models.attention import SegmentedCausalAttention
 from polyrl.models.config import ModelConfig
 from polyrl.models.context_extension import scaled_config
@@ -130,8 +129,7 @@ def hash_seed(*parts: object) -> int:
 
 
 def encode(task: Task, tokenizer: Tokenizer) -> Document:
-    segment = training_tokens(tokenizer, [{"role": "user", "content": task.prompt},
-                                          {"role": "assistant", "content": f"\\boxed{{{task.answer}}}"}])
+    segment = reference_tokens(task, tokenizer)
     return Document(segment.token_ids, [bool(m) for m in segment.loss_mask])
 
 
