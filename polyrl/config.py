@@ -7,7 +7,8 @@ anything is wrong, raises one `ConfigError` listing every problem, one per line:
     run.yaml:4: rl_tasks[0].wieght: unknown key 'wieght'; allowed: domain, reward, weight, pack, options, quarantine, kl_coef, kl_target, max_tokens, reward_options, check, max_steps, episode_tokens, tools, on_flag, name, expand; did you mean 'weight'?
 
 Every default lives in the field definitions below; a run file only states what differs.
-Out of scope: command-line overrides and what a field means at run time (the trainer,
+Out of scope: command-line overrides (but for `polyrl train --ray`, which changes what the
+file must hold, so `ray=` applies it before validation) and what a field means at run time (the trainer,
 engine and domains own that); this file only checks that a run file is well formed and
 names things that exist (domains, verifiers, pack files). Turning pydantic errors into
 these messages, finding their YAML lines, and refusing YAML no loader should expand (alias
@@ -303,8 +304,9 @@ class ConfigError(Exception):
 # ---------------------------------------------------------------------------- loading
 
 
-def load_config(path: str | Path) -> RunConfig:
-    """Read and validate a run file; pack paths resolve against the file's directory."""
+def load_config(path: str | Path, ray: str | None = None) -> RunConfig:
+    """Read and validate a run file; pack paths resolve against the file's directory.
+    `ray`: see `load_config_text`."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -312,12 +314,15 @@ def load_config(path: str | Path) -> RunConfig:
         raise ConfigError([Problem(str(path), None, "", "run file not found")]) from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError([Problem(str(path), None, "", f"cannot read run file: {e}")]) from None
-    return load_config_text(text, source=str(path), base_dir=path.resolve().parent)
+    return load_config_text(text, source=str(path), base_dir=path.resolve().parent, ray=ray)
 
 
-def load_config_text(text: str, source: str = "<string>", base_dir: str | Path | None = None) -> RunConfig:
+def load_config_text(text: str, source: str = "<string>", base_dir: str | Path | None = None,
+                     ray: str | None = None) -> RunConfig:
     """Validate run-file text. `source` names it in errors; `base_dir` anchors pack paths
-    (default: the current directory)."""
+    (default: the current directory). `ray` is what `polyrl train --ray [ADDRESS]` says: not
+    None runs the file on Ray (`cluster.backend: ray`, and `cluster.address` when non-empty),
+    set before validation, so that a file valid only on Ray (`rollout_replicas: 2`) loads."""
     base = Path(base_dir) if base_dir is not None else Path.cwd()
     if len(text) > MAX_RUN_FILE_BYTES:
         raise ConfigError([Problem(source, None, "", f"a run file of {len(text):,} characters; run files are "
@@ -357,6 +362,9 @@ def load_config_text(text: str, source: str = "<string>", base_dir: str | Path |
     if not isinstance(data, dict):
         raise ConfigError([Problem(source, root.start_mark.line + 1, "", f"the top level must be a mapping with keys such as {top_keys}; got {show(data)}")])
 
+    if ray is not None and isinstance(data.get("cluster") or {}, dict):
+        data["cluster"] = {**(data.get("cluster") or {}), "backend": "ray", **({"address": ray} if ray else {})}
+
     found: list[tuple[int, Problem]] = []  # (order, problem); sorted by line at the end
 
     def add(loc: tuple, message: str, kind: str = "value") -> None:
@@ -389,10 +397,10 @@ def load_config_text(text: str, source: str = "<string>", base_dir: str | Path |
     return config
 
 
-def default_config() -> RunConfig:
-    """The built-in quickstart run (polyrl/configs/quickstart.yaml)."""
+def default_config(ray: str | None = None) -> RunConfig:
+    """The built-in quickstart run (polyrl/configs/quickstart.yaml); `ray`: see `load_config_text`."""
     resource = files("polyrl") / "configs" / "quickstart.yaml"
-    return load_config_text(resource.read_text(encoding="utf-8"), source="polyrl/configs/quickstart.yaml")
+    return load_config_text(resource.read_text(encoding="utf-8"), source="polyrl/configs/quickstart.yaml", ray=ray)
 
 
 # ---------------------------------------------------------------------------- checks pydantic cannot do

@@ -130,3 +130,20 @@ def test_a_rollout_pool_needs_the_ray_backend():
     assert ClusterConfig(backend="ray", rollout_replicas=4).rollout_replicas == 4
     with pytest.raises(ValidationError, match="needs backend: ray"):
         ClusterConfig(backend="local", rollout_replicas=2)
+
+
+def test_train_ray_flag_counts_before_the_run_file_is_checked():
+    from polyrl.config import ConfigError, load_config_text
+
+    text = """
+rl_tasks:
+  - {domain: math, weight: 1}
+cluster: {rollout_replicas: 2, address: auto}
+"""
+    with pytest.raises(ConfigError, match="needs backend: ray"):
+        load_config_text(text)
+    assert load_config_text(text, ray="").cluster.model_dump(include={"backend", "address", "rollout_replicas"}) \
+        == {"backend": "ray", "address": "auto", "rollout_replicas": 2}
+    assert load_config_text(text, ray="ray://head:10001").cluster.address == "ray://head:10001"
+    assert load_config_text("rl_tasks: [{domain: math, weight: 1}]\ncluster: null\n", ray="").cluster.backend == "ray"
+    assert load_config_text("rl_tasks: [{domain: math, weight: 1}]\n").cluster.backend == "local"

@@ -52,11 +52,11 @@ def main(args: argparse.Namespace) -> int:
                 print(f"polyrl train: {run_dir} already finished (eval/after.json and checkpoints/final are "
                       "written); nothing to resume", file=sys.stderr)
                 return 0
-            cfg = load_config(rd.config)
+            cfg = load_config(rd.config, ray=args.ray)
             rd.lock()  # fails fast when another process is writing the run; train() takes it again
             rd.close()
         else:
-            cfg = load_config(args.run_file) if args.run_file else default_config()
+            cfg = load_config(args.run_file, ray=args.ray) if args.run_file else default_config(ray=args.ray)
             stamp = time.strftime("%Y%m%d-%H%M%S")
             run_dir = Path(args.run_dir or cfg.run_dir or f"runs/{cfg.name or 'run'}-{stamp}")
             if run_dir.exists() and not run_dir.is_dir():
@@ -72,10 +72,6 @@ def main(args: argparse.Namespace) -> int:
     except RunDirError as err:
         print(f"polyrl train: {err}", file=sys.stderr)
         return err.exit_code
-
-    if args.ray is not None:
-        cluster = cfg.cluster.model_copy(update={"backend": "ray", "address": args.ray or cfg.cluster.address})
-        cfg = cfg.model_copy(update={"cluster": cluster})
 
     from polyrl.train.loop import train
 

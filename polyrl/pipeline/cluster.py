@@ -44,5 +44,5 @@ class ClusterConfig(BaseModel):
     def _replicas_need_ray(self) -> ClusterConfig:
         if self.rollout_replicas > 1 and self.backend != "ray":
             raise ValueError(f"rollout_replicas: {self.rollout_replicas} needs backend: ray (the local backends "
-                             "run one engine)")
+                             "run one engine); set it here or run `polyrl train RUN --ray`")
         return self
