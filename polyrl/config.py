@@ -8,8 +8,8 @@ anything is wrong, raises one `ConfigError` listing every problem, one per line:
 
 Every default lives in the field definitions below; a run file only states what differs.
 Out of scope: command-line overrides (but for `polyrl train --ray`, which changes what the
-file must hold, so `ray=` applies it before validation) and what a field means at run time (the trainer,
-engine and domains own that); this file only checks that a run file is well formed and
+file must hold, so `ray=` applies it before validation) and what a field means at run time
+(the trainer, engine and domains own that); this file only checks that a run file is well formed and
 names things that exist (domains, verifiers, pack files). Turning pydantic errors into
 these messages, finding their YAML lines, and refusing YAML no loader should expand (alias
 bombs, recursive aliases, integers of thousands of digits) is polyrl/config_messages.py;
