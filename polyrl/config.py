@@ -362,8 +362,9 @@ def load_config_text(text: str, source: str = "<string>", base_dir: str | Path |
     if not isinstance(data, dict):
         raise ConfigError([Problem(source, root.start_mark.line + 1, "", f"the top level must be a mapping with keys such as {top_keys}; got {show(data)}")])
 
-    if ray is not None and isinstance(data.get("cluster") or {}, dict):
-        data["cluster"] = {**(data.get("cluster") or {}), "backend": "ray", **({"address": ray} if ray else {})}
+    cluster = data.get("cluster") or {}
+    if ray is not None and isinstance(cluster, dict):
+        data["cluster"] = {**cluster, "backend": "ray", **({"address": ray} if ray else {})}
 
     found: list[tuple[int, Problem]] = []  # (order, problem); sorted by line at the end
 
