@@ -12,7 +12,10 @@ levers are measured one by one and together, on the same prompts:
   polyrl/builtin/tiny_draft.py; the built-in model only: a random model has no draft);
 - "int8": int8 linear layers (engine.native.quantization "int8"), when this checkout's
   NativeEngineConfig has that field (else the row says so);
-- "int8+ngram", "int8+draft": both levers.
+- "int8+burst": int8 with FAST_BURST times the standard decode burst (polyrl/serve/tiers.py):
+  the fast tier as `polyrl serve` builds it for a model under 20M parameters, where it does
+  not speculate;
+- "int8+ngram", "int8+draft": both levers (at the standard burst).
 
 Models: "tiny", the built-in model with its real weights (builtin:tiny), and "90m", the
 ~88M random-weight Llama of bench/engine.py (its builder, by import). Workloads, reported
@@ -58,8 +61,10 @@ from polyrl.engine.config import NativeEngineConfig  # noqa: E402
 from polyrl.engine.paged import PagedEngine  # noqa: E402
 from polyrl.engine.speculative.config import SpeculativeConfig  # noqa: E402
 from polyrl.models.loading import load_policy  # noqa: E402
+from polyrl.serve.tiers import FAST_BURST  # noqa: E402
 
 HAS_INT8 = "quantization" in NativeEngineConfig.model_fields
+BURST = NativeEngineConfig().decode_burst
 NGRAM = dict(method="ngram", num_speculative_tokens=4, prompt_lookup_max=4, prompt_lookup_min=2)
 DRAFT = dict(method="draft", num_speculative_tokens=4, draft_model="builtin:tiny-draft")
 
@@ -70,6 +75,7 @@ def variants(model: str) -> dict[str, dict | None]:
     if model == "tiny":
         out["draft"] = dict(speculative=DRAFT)
     out["int8"] = dict(quantization="int8") if HAS_INT8 else None
+    out["int8+burst"] = dict(quantization="int8", decode_burst=FAST_BURST * BURST) if HAS_INT8 else None
     out["int8+ngram"] = dict(quantization="int8", speculative=NGRAM) if HAS_INT8 else None
     if model == "tiny":
         out["int8+draft"] = dict(quantization="int8", speculative=DRAFT) if HAS_INT8 else None

@@ -269,5 +269,9 @@ def test_write_back_in_c_equals_the_torch_copy(lib):
     caches[1].write_back(rows, positions, slots)
     assert torch.equal(pools[0].k, pools[1].k) and torch.equal(pools[0].v, pools[1].v)
     assert pools[0].k.view(3, -1, 2, 8)[1, 17].eq(k[1, 0, :, 7]).all()
+    before = pools[0].k.clone()
     with pytest.raises(IndexError, match="past the pool"):
         caches[0].write_back(rows, positions, slots + 100, lib)
+    with pytest.raises(IndexError, match="row 5, position 7, slot 17"):  # a row past the cache
+        caches[0].write_back(torch.tensor([4, 5, 2]), positions, slots, lib)
+    assert torch.equal(pools[0].k, before)  # checked before anything is copied

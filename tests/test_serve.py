@@ -273,3 +273,13 @@ def test_the_fast_tier_speculates_by_default_only_where_it_pays():
         big = Transformer(ModelConfig(model_type="llama", vocab_size=32000, hidden_size=768, intermediate_size=2048,
                                       num_hidden_layers=8, num_attention_heads=12, num_key_value_heads=12))
     assert speculation_for(big, "auto") == "ngram"
+
+
+def test_the_fast_tier_bursts_longer_with_int8_only():
+    from polyrl.serve.tiers import FAST_BURST
+
+    base = NativeEngineConfig(decode_burst=8)
+    fast = tier_config("fast", base)
+    assert fast.quantization == "int8" and fast.decode_burst == 8 * FAST_BURST
+    assert tier_config("fast", base, int8=False).decode_burst == 8  # float passes: the standard burst
+    assert tier_config("standard", base) is base

@@ -261,21 +261,29 @@ void sample_rows(const float *restrict logits, int64_t M, int64_t V, const float
     }
 }
 
-/* decode_cache.py's write_back: the K/V at positions pos (n,) of cache rows rows (n,) to pool
-   slots (n,), in every layer. Cache (layers, R, nkv, L, hd); pool (layers, pool_slots, nkv, hd). */
-void cache_to_pool(const float *restrict kc, const float *restrict vc, int64_t layers, int64_t R, int64_t nkv,
-                   int64_t L, int64_t hd, const int64_t *restrict rows, const int64_t *restrict pos,
-                   const int64_t *restrict slots, int64_t n, float *restrict pk, float *restrict pv,
-                   int64_t pool_slots) {
+/* decode_cache.py's write_back: the K/V at positions pos (n,) of cache rows to pool slots (n,),
+   in every layer; entry i is in row rows[i % S] (n = passes x S, pass-major). Cache (layers,
+   R, nkv, L, hd); pool (layers, pool_slots, nkv, hd). Returns 0, or 1 + the first entry whose
+   row, position or slot is out of bounds (then nothing is copied). */
+int64_t cache_to_pool(const float *restrict kc, const float *restrict vc, int64_t layers, int64_t R, int64_t nkv,
+                      int64_t L, int64_t hd, const int64_t *restrict rows, int64_t S, const int64_t *restrict pos,
+                      const int64_t *restrict slots, int64_t n, float *restrict pk, float *restrict pv,
+                      int64_t pool_slots) {
+    for (int64_t i = 0; i < n; i++) {
+        int64_t r = rows[i % S];
+        if (r < 0 || r >= R || pos[i] < 0 || pos[i] >= L || slots[i] < 0 || slots[i] >= pool_slots)
+            return i + 1;
+    }
     size_t bytes = (size_t)hd * sizeof(float);
     for (int64_t l = 0; l < layers; l++)
         for (int64_t i = 0; i < n; i++)
             for (int64_t h = 0; h < nkv; h++) {
-                int64_t src = (((l * R + rows[i]) * nkv + h) * L + pos[i]) * hd;
+                int64_t src = (((l * R + rows[i % S]) * nkv + h) * L + pos[i]) * hd;
                 int64_t dst = ((l * pool_slots + slots[i]) * nkv + h) * hd;
                 memcpy(pk + dst, kc + src, bytes);
                 memcpy(pv + dst, vc + src, bytes);
             }
+    return 0;
 }
 
 /* ---- int8 products (int8_linear.py) ----

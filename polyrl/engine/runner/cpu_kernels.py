@@ -48,13 +48,13 @@ SIGNATURES = {
     "rope_attend": [_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr,
                     ctypes.c_float, _ptr, _i64],
     "sample_rows": [_ptr, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr],
-    "cache_to_pool": [_ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64],
+    "cache_to_pool": [_ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _i64],
     "decode_pass": [_ptr],
     "decode_burst": [_ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr],
     "q8_vnni": [],
     "q8_matmul": [_ptr, _ptr, _i64, _ptr, _ptr, ctypes.c_float, _ptr, _ptr],
 }
-RETURNS = {"decode_burst": _i64, "q8_vnni": ctypes.c_int, "q8_matmul": ctypes.c_int}
+RETURNS = {"decode_burst": _i64, "cache_to_pool": _i64, "q8_vnni": ctypes.c_int, "q8_matmul": ctypes.c_int}
 
 
 class DecodeLayer(ctypes.Structure):

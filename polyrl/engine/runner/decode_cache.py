@@ -135,18 +135,19 @@ class DecodeCache:
         layer at once: the fused pass writes a burst's new K/V to the rows only, and the pool
         once at its end. With the fused kernels' `lib` and a float32 pool, one C call does the
         copies; an int8 pool (kv_int8.py) quantizes them in its `write_layers`."""
-        r = rows[None, :].expand_as(positions).reshape(-1)  # (P * S,)
         if (lib is not None and self.k.dtype == self.pool.k.dtype == torch.float32 and self.k.is_contiguous()
                 and self.pool.k.is_contiguous()):
-            r, p, s = r.contiguous(), positions.reshape(-1).contiguous(), slots.reshape(-1).contiguous()
+            rows, p, s = rows.contiguous(), positions.reshape(-1).contiguous(), slots.reshape(-1).contiguous()
             layers, R, n_kv, L, hd = self.k.shape
-            pool_slots = self.pool.k[0].numel() // (n_kv * hd)
-            if len(r) and (int(s.max()) >= pool_slots or int(r.max()) >= R or int(p.max()) >= L):
-                raise IndexError(f"write_back past the pool ({pool_slots} slots) or the rows {tuple(self.k.shape)}")
-            lib.cache_to_pool(self.k.data_ptr(), self.v.data_ptr(), layers, R, n_kv, L, hd, r.data_ptr(),
-                              p.data_ptr(), s.data_ptr(), len(r), self.pool.k.data_ptr(), self.pool.v.data_ptr(),
-                              pool_slots)
+            bad = lib.cache_to_pool(self.k.data_ptr(), self.v.data_ptr(), layers, R, n_kv, L, hd, rows.data_ptr(),
+                                    len(rows), p.data_ptr(), s.data_ptr(), len(p), self.pool.k.data_ptr(),
+                                    self.pool.v.data_ptr(), self.pool.k.shape[1] * self.pool.k.shape[2])
+            if bad:  # (C checks every index before it copies anything)
+                i = bad - 1
+                raise IndexError(f"write_back past the pool or the rows {tuple(self.k.shape)}: row "
+                                 f"{int(rows[i % len(rows)])}, position {int(p[i])}, slot {int(s[i])}")
             return
+        r = rows[None, :].expand_as(positions).reshape(-1)  # (P * S,)
         p = positions.reshape(-1)
         # (P * S, layers, n_kv, hd): advanced indices first -> (layers, P * S, n_kv, hd)
         k, v = self.k[:, r, :, p].transpose(0, 1), self.v[:, r, :, p].transpose(0, 1)

@@ -144,6 +144,9 @@ class FusedDecoder:
                                 _Product([a.o_proj]), layer.post_attention_layernorm.weight,
                                 _Product([m.gate_proj, m.up_proj]), _Product([m.down_proj])))
         self.head = _Product([self.model.lm_head])
+        q8 = [p.q for layer in self.layers for p in layer if isinstance(p, _Product) and p.q is not None]
+        self._q8_cols = max((q.Kp for q in q8 + ([self.head.q] if self.head.q is not None else [])), default=0)
+        """The widest input of an int8 product (0: none): the width of q8_matmul's scratch."""
         self.whole = self._whole_pass()
 
     def _whole_pass(self) -> DecodeArgs | None:
@@ -232,7 +235,7 @@ class FusedDecoder:
         passes = self.lib.decode_burst(
             ctypes.byref(args), K, pos.data_ptr(), temperature.data_ptr(), u.data_ptr(), stop.data_ptr(),
             stop.shape[1], keep.data_ptr(), tokens.data_ptr(), logprobs.data_ptr(),
-            self._buffer("work", 1, self.head.out_features).data_ptr(), done.data_ptr())
+            self._buffer_ptr("work", 1, self.head.out_features), done.data_ptr())
         return tokens, logprobs, passes
 
     def _check(self, pos: Tensor, rows: Tensor) -> None:
@@ -252,26 +255,30 @@ class FusedDecoder:
         bufs = {"x": a.D, "h": a.D, "qkv": (self.nh + 2 * self.nkv) * self.hd, "attn": self.nh * self.hd,
                 "gu": 2 * a.inter, "act": a.inter}
         for name, cols in bufs.items():
-            setattr(a, name, self._buffer(name, S, cols).data_ptr())
-        a.scores = self._buffer("scores", 1, ATTEND_GROUP * kc.shape[3]).data_ptr()
+            setattr(a, name, self._buffer_ptr(name, S, cols))
+        a.scores = self._buffer_ptr("scores", 1, ATTEND_GROUP * kc.shape[3])
         a.S, a.L, a.layer_stride = S, kc.shape[3], kc.stride(0)
         a.ids, a.pos, a.rows = ids.data_ptr(), pos.data_ptr(), rows.data_ptr()
         a.cos_t, a.sin_t, a.kc, a.vc = self.cos.data_ptr(), self.sin.data_ptr(), kc.data_ptr(), self.cache.v.data_ptr()
         a.logits = logits.data_ptr()
-        q8 = [p.q for layer in self.layers for p in layer if isinstance(p, _Product) and p.q is not None]
-        if self.head.q is not None:
-            q8.append(self.head.q)
-        if q8:  # int8 products: q8_matmul's scratch, as wide as the widest input
-            a.xq = self._buffer("xq", S, -(-max(q.Kp for q in q8) // 4)).data_ptr()  # float32 columns: 4 bytes each
-            a.xs = self._buffer("xs", S, 1).data_ptr()
+        if self._q8_cols:  # int8 products: q8_matmul's scratch, as wide as the widest input
+            a.xq = self._buffer_ptr("xq", S, -(-self._q8_cols // 4))  # float32 columns: 4 bytes each
+            a.xs = self._buffer_ptr("xs", S, 1)
         return a
 
     def _buffer(self, name: str, rows: int, cols: int) -> Tensor:
         """A reused (rows, cols) float32 scratch tensor (contents undefined)."""
+        return self._whole_buffer(name, rows, cols)[:rows]
+
+    def _buffer_ptr(self, name: str, rows: int, cols: int) -> int:
+        """The address of _buffer(name, rows, cols), without making the view (C only needs where it starts)."""
+        return self._whole_buffer(name, rows, cols).data_ptr()
+
+    def _whole_buffer(self, name: str, rows: int, cols: int) -> Tensor:
         buf = self.buffers.get(name)
         if buf is None or buf.shape[1] != cols or buf.shape[0] < rows:
             buf = self.buffers[name] = torch.empty(max(rows, 64), cols)
-        return buf[:rows]
+        return buf
 
     def sample(self, logits: Tensor, temperature: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
         """sampler.sample_batch without top-k/top-p: logits (M, V) float32, temperature (M,)
