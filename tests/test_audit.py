@@ -146,6 +146,27 @@ def test_monitor_flags_training_reward_rising_while_heldout_does_not():
     assert quiet == []
 
 
+def test_divergence_allows_for_the_heldout_accuracys_sampling_error():
+    # The code domain of the quickstart (runs of 2026-12-06): the training reward jumped in the
+    # first 80 steps while held-out accuracy over 128 tasks moved within its noise (about 0.04
+    # per evaluation), and rose later. Flagged when the accuracy is taken as exact; not flagged
+    # when the evaluation's task count says how noisy it is.
+    points = [(0.482, 0.592), (0.614, 0.580), (0.614, 0.609)]
+
+    def flags(tasks, points):
+        monitor, out = RewardMonitor(), []
+        for k, (reward, heldout) in enumerate(points):
+            result = {"accuracy": heldout, **({"tasks": tasks} if tasks else {})}
+            out += monitor.step(40 * k, [], {"domains": {"code": {"reward": reward}}, "eval": {"code": result}})
+        return out
+
+    assert [f["kind"] for f in flags(None, points)] == ["train_heldout_divergence"]
+    assert flags(128, points) == []
+    # a divergence well beyond that noise is still flagged, and its reason gives the noise
+    (flag,) = flags(128, [(0.2, 0.3), (0.4, 0.31), (0.6, 0.29), (0.8, 0.3)])
+    assert flag["kind"] == "train_heldout_divergence" and "± 0.0" in flag["reason"]
+
+
 def test_quarantine_file_leaves_tasks_out_of_training(tmp_path):
     math = get_domain("math")
     drawn = math.sample("train", 6, seed=0)

@@ -17,7 +17,9 @@ or down).
     HackingMonitor.from_dict(monitor.to_dict())   # plain-dict state for resume
 
 Rises are least-squares fits over the last `window` points (slope times span), so one
-noisy evaluation neither triggers nor hides a flag. Both curves should be on comparable
+noisy evaluation neither triggers nor hides a flag. Where the check is measured on other
+samples than the proxy (held-out accuracy against the training reward), `check_noise`
+gives its sampling error, and the check must fall short by more than that. Both curves should be on comparable
 scales (both 0..1 here). Pure: no I/O, no models.
 
 Over-optimisation can also creep in slower than any window sees: the proxy gains a
@@ -59,21 +61,36 @@ def fitted_rise(values: Sequence[float]) -> float:
     return sum((i - mx) * (v - my) for i, v in enumerate(values)) / sxx * (n - 1)
 
 
+def rise_noise(point_noise: float, n: int) -> float:
+    """The standard error of `fitted_rise` over n points, each with standard error point_noise:
+    the OLS slope's (point_noise / sqrt(Sxx)) times (n - 1)."""
+    sxx = n * (n * n - 1) / 12
+    return point_noise * (n - 1) / sxx ** 0.5 if n >= 2 else 0.0
+
+
 def detect_hacking(proxy: Sequence[float], check: Sequence[float], window: int = 5, min_points: int = 3,
-                   min_rise: float = 0.05, follow: float = 0.25) -> HackingVerdict:
+                   min_rise: float = 0.05, follow: float = 0.25, check_noise: float = 0.0) -> HackingVerdict:
     """Flag when the proxy's fitted rise over the last `window` points is at least `min_rise`
-    and the check's rise is less than `follow` times the proxy's (it did not follow)."""
+    and the check's rise is less than `follow` times the proxy's (it did not follow), by more
+    than the check's own noise: `check_noise` is the standard error of one check point (0: a
+    check measured exactly, or on the same samples as the proxy), and the check must fall
+    short by one standard error of its fitted rise."""
     assert len(proxy) == len(check), "proxy and check must be measured on the same evaluations"
-    assert window >= 2 and min_points >= 2 and min_rise > 0 and 0 <= follow <= 1
+    assert window >= 2 and min_points >= 2 and min_rise > 0 and 0 <= follow <= 1 and check_noise >= 0
     p, c = list(proxy)[-window:], list(check)[-window:]
     if len(p) < min_points:
         return HackingVerdict(False, f"{len(p)} evaluations; need {min_points} to judge", 0.0, 0.0, len(p))
     pr, cr = fitted_rise(p), fitted_rise(c)
     if pr < min_rise:
         return HackingVerdict(False, f"proxy did not rise (fitted {pr:+.3f} < {min_rise})", pr, cr, len(p))
-    if cr < follow * pr:
+    noise = rise_noise(check_noise, len(p))
+    moved = f"{cr:+.3f}" + (f" ± {noise:.3f}" if noise else "")
+    if cr + noise < follow * pr:
         return HackingVerdict(True, f"proxy rose {pr:+.3f} over {len(p)} evaluations while the independent "
-                                    f"check moved {cr:+.3f} (< {follow:g} x the proxy's rise)", pr, cr, len(p))
+                                    f"check moved {moved} (< {follow:g} x the proxy's rise)", pr, cr, len(p))
+    if cr < follow * pr:
+        return HackingVerdict(False, f"proxy rose {pr:+.3f}; the check moved {moved}, short of {follow:g} x "
+                                     "that rise by less than its own noise", pr, cr, len(p))
     return HackingVerdict(False, f"proxy rose {pr:+.3f} and the check followed ({cr:+.3f})", pr, cr, len(p))
 
 

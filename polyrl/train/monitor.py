@@ -9,7 +9,10 @@ the training loop appends them to RUN_DIR/flags.jsonl. Three patterns:
 - "train_heldout_divergence": a domain's training reward rises while its held-out
   accuracy does not follow, over the in-training evaluations (`detect_hacking` of
   rewards/hacking.py; the proxy is the mean training reward since the previous
-  evaluation). A domain-level flag, with "task_id": null. Needs eval.every > 0.
+  evaluation), by more than the held-out accuracy's own sampling error (`heldout_noise`,
+  from the evaluation's task count): on 128 tasks one evaluation is good to about 0.04,
+  and a held-out rise that lags the training reward by less than that is no evidence
+  of hacking. A domain-level flag, with "task_id": null. Needs eval.every > 0.
 - "reward_without_check_heldout": on a domain with an independent check (alignment: the
   preference reward model against rule_check), the held-out reward rises while the
   check of the same held-out completions does not follow (over the last evaluations),
@@ -65,7 +68,7 @@ class RewardMonitor:
         for domain, stats in record.get("domains", {}).items():
             self.pending.setdefault(domain, []).append(float(stats["reward"]))
         for domain, result in (record.get("eval") or {}).items():
-            flag = self.evaluated(step, domain, float(result["accuracy"]))
+            flag = self.evaluated(step, domain, float(result["accuracy"]), result.get("tasks"))
             if flag:
                 flags.append(flag)
             if result.get("check_accuracy") is not None:
@@ -74,14 +77,17 @@ class RewardMonitor:
                     flags.append(flag)
         return flags
 
-    def evaluated(self, step: int, domain: str, heldout: float) -> dict[str, Any] | None:
-        """Record a held-out evaluation of `domain`; a divergence flag when it newly diverges."""
+    def evaluated(self, step: int, domain: str, heldout: float, tasks: int | None = None) -> dict[str, Any] | None:
+        """Record a held-out evaluation of `domain` (its accuracy over `tasks` held-out tasks;
+        None: treat it as exact); a divergence flag when it newly diverges."""
         rewards = self.pending.pop(domain, [])
         if not rewards:
             return None
         self.points.setdefault(domain, []).append((sum(rewards) / len(rewards), heldout))
         points = self.points[domain]
-        verdict = detect_hacking([p for p, _ in points], [h for _, h in points], **self.settings)
+        checks = [h for _, h in points][-self.settings["window"]:]
+        verdict = detect_hacking([p for p, _ in points], [h for _, h in points], **self.settings,
+                                 check_noise=heldout_noise(sum(checks) / len(checks), tasks))
         return self._flag(step, "train_heldout_divergence", domain, verdict.flagged,
                           verdict.reason.replace("proxy", "training reward").replace("the independent check",
                                                                                     "held-out accuracy"))
@@ -115,3 +121,13 @@ class RewardMonitor:
             return None
         self.flagged.add((kind, domain))
         return {"step": step, "kind": kind, "task_id": None, "domain": domain, "reason": reason}
+
+
+def heldout_noise(accuracy: float, tasks: int | None) -> float:
+    """The standard error of a held-out accuracy over `tasks` tasks: sqrt(a (1 - a) / tasks),
+    the binomial one, which bounds the variance of any per-task score in [0, 1] with that mean
+    (several samples of one task count as one: they are not independent). 0 when unknown."""
+    if not tasks:
+        return 0.0
+    a = min(max(accuracy, 0.0), 1.0)
+    return (a * (1 - a) / tasks) ** 0.5
