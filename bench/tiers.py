@@ -15,7 +15,9 @@ levers are measured one by one and together, on the same prompts:
 - "int8+burst": int8 with FAST_BURST times the standard decode burst (polyrl/serve/tiers.py):
   the fast tier as `polyrl serve` builds it for a model under 20M parameters, where it does
   not speculate;
-- "int8+ngram", "int8+draft": both levers (at the standard burst).
+- "int8+ngram", "int8+draft": both levers (at the standard burst);
+- "int8+burst+ngram" (90m only): the fast tier as `polyrl serve` builds it for a model of 20M
+  parameters or more.
 
 Models: "tiny", the built-in model with its real weights (builtin:tiny), and "90m", the
 ~88M random-weight Llama of bench/engine.py (its builder, by import). Workloads, reported
@@ -77,6 +79,8 @@ def variants(model: str) -> dict[str, dict | None]:
     out["int8"] = dict(quantization="int8") if HAS_INT8 else None
     out["int8+burst"] = dict(quantization="int8", decode_burst=FAST_BURST * BURST) if HAS_INT8 else None
     out["int8+ngram"] = dict(quantization="int8", speculative=NGRAM) if HAS_INT8 else None
+    if model != "tiny":  # the fast tier as served for a model of 20M parameters or more
+        out["int8+burst+ngram"] = dict(out["int8+burst"], speculative=NGRAM) if HAS_INT8 else None
     if model == "tiny":
         out["int8+draft"] = dict(quantization="int8", speculative=DRAFT) if HAS_INT8 else None
     return out
@@ -144,7 +148,7 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> tuple[float, float]:
 def speed_table(name: str, model, tok, draft, workloads, args) -> None:
     print(f"\n== {name}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters; "
           f"per-stream decode tokens/s, {args.tokens} greedy tokens, median of {args.repeats}")
-    print(f"{'workload':<11} {'B':>2} {'variant':<11} {'tok/s':>8} {'x std':>6} {'greedy=':>8} {'tok=':>6} "
+    print(f"{'workload':<11} {'B':>2} {'variant':<16} {'tok/s':>8} {'x std':>6} {'greedy=':>8} {'tok=':>6} "
           f"{'accept':>7} {'mean len':>8}")
     for wname, prompts_all in workloads.items():
         for B in args.batches:
@@ -164,14 +168,14 @@ def speed_table(name: str, model, tok, draft, workloads, args) -> None:
             base = (args.tokens - 1) / statistics.median(times["standard"])
             for v, f in vs.items():
                 if f is None:
-                    print(f"{wname:<11} {B:>2} {v:<11} {'n/a: NativeEngineConfig has no quantization field':>30}")
+                    print(f"{wname:<11} {B:>2} {v:<16} {'n/a: NativeEngineConfig has no quantization field':>30}")
                     continue
                 speed = (args.tokens - 1) / statistics.median(times[v])
                 same, tok_same = agreement(outs["standard"], outs[v])
                 c = counters[v]
                 acc = f"{c['spec_accepted_tokens'] / c['spec_draft_tokens']:.2f}" if c.get("spec_draft_tokens") else "-"
                 mlen = f"{1 + c['spec_accepted_tokens'] / c['spec_drafts']:.2f}" if c.get("spec_drafts") else "-"
-                print(f"{wname:<11} {B:>2} {v:<11} {speed:>8.1f} {speed / base:>6.2f} {same:>8.2f} {tok_same:>6.2f} "
+                print(f"{wname:<11} {B:>2} {v:<16} {speed:>8.1f} {speed / base:>6.2f} {same:>8.2f} {tok_same:>6.2f} "
                       f"{acc:>7} {mlen:>8}")
 
 
