@@ -24,10 +24,11 @@ Reported per arm, mean over seeds with a 95% t-interval (n = seeds, so wide):
   mean final macro score); a run that never reaches it counts as the budget;
 - forgetting: mean over domains of best-during-training minus final;
 - per-domain final scores;
-and the paired differences curve - static and curve - averaged, seed by seed.
+and the paired differences curve - static and curve - averaged, seed by seed (macro, worst
+domain, forgetting, and each domain's final score).
 
 The results (every run's curve, the summary) go to OUT/results.json; runs to OUT/runs/.
-Not covered: more than three seeds' worth of statistical power, other budgets, other
+Not covered: more than five seeds' worth of statistical power, other budgets, other
 curricula (the SEC/DUMP |advantage| bandits).
 """
 
@@ -171,9 +172,12 @@ def main() -> int:
     for other in ("static", "averaged"):
         diff = {k: [runs[("curve", s)][k] - runs[(other, s)][k] for s in args.seeds]
                 for k in ("macro", "worst", "forgetting")}
+        diff["final"] = {d: [runs[("curve", s)]["final"][d] - runs[(other, s)]["final"][d] for s in args.seeds]
+                         for d in domains}
         paired[f"curve-{other}"] = diff
         print(f"curve - {other:<8}: macro {fmt(diff['macro'], '+.3f')}, worst {fmt(diff['worst'], '+.3f')}, "
               f"forgetting {fmt(diff['forgetting'], '+.3f')} (paired by seed)")
+        print(f"{'':<17}  per domain: " + ", ".join(f"{d} {fmt(v, '+.3f')}" for d, v in diff["final"].items()))
     (args.out / "results.json").write_text(json.dumps(
         {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "target": target,
          "summary": summary, "paired": paired,

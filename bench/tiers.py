@@ -15,9 +15,10 @@ levers are measured one by one and together, on the same prompts:
 - "int8+burst": int8 with FAST_BURST times the standard decode burst (polyrl/serve/tiers.py):
   the fast tier as `polyrl serve` builds it for a model under 20M parameters, where it does
   not speculate;
-- "int8+ngram", "int8+draft": both levers (at the standard burst);
-- "int8+burst+ngram" (90m only): the fast tier as `polyrl serve` builds it for a model of 20M
-  parameters or more.
+- "int8+ngram", "int8+draft": both levers (at the standard burst); int8+ngram is the fast
+  tier as served for a model of 20M parameters or more;
+- "int8+burst+ngram" (90m only): what the longer burst would do to a speculating tier (the
+  reason the served one keeps the standard burst).
 
 Models: "tiny", the built-in model with its real weights (builtin:tiny), and "90m", the
 ~88M random-weight Llama of bench/engine.py (its builder, by import). Workloads, reported

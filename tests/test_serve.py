@@ -275,11 +275,14 @@ def test_the_fast_tier_speculates_by_default_only_where_it_pays():
     assert speculation_for(big, "auto") == "ngram"
 
 
-def test_the_fast_tier_bursts_longer_with_int8_only():
+def test_the_fast_tier_bursts_longer_with_int8_and_no_speculation_only():
     from polyrl.serve.tiers import FAST_BURST
 
     base = NativeEngineConfig(decode_burst=8)
-    fast = tier_config("fast", base)
+    none = {"method": "none"}
+    fast = tier_config("fast", base, speculative=none)
     assert fast.quantization == "int8" and fast.decode_burst == 8 * FAST_BURST
-    assert tier_config("fast", base, int8=False).decode_burst == 8  # float passes: the standard burst
+    assert tier_config("fast", base, int8=False, speculative=none).decode_burst == 8  # float passes
+    speculating = tier_config("fast", base)  # n-gram: a burst would draft nothing
+    assert speculating.quantization == "int8" and speculating.decode_burst == 8
     assert tier_config("standard", base) is base

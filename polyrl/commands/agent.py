@@ -179,10 +179,11 @@ def _local_fallback(spec: str, model: Any, tokenizer: Any, log: Callable[[str], 
     from polyrl.engine.config import NativeEngineConfig
     from polyrl.engine.paged import PagedEngine
     from polyrl.models.loading import load_policy, resolve_model_dir
-    from polyrl.serve.tiers import tier_config
+    from polyrl.serve.tiers import speculation_for, tier_config
 
-    if spec == "fast":
-        return PagedEngine(copy.deepcopy(model), tokenizer, tier_config("fast", NativeEngineConfig())), "fast"
+    if spec == "fast":  # as `polyrl serve` builds its fast tier: speculating only where it pays
+        fast = tier_config("fast", NativeEngineConfig(), speculative={"method": speculation_for(model, "auto")})
+        return PagedEngine(copy.deepcopy(model), tokenizer, fast), "fast"
     light_dir = resolve_model_dir(spec, log=log)
     light, light_tok = load_policy(light_dir, "float32")
     if light_tok.vocab_size != tokenizer.vocab_size:

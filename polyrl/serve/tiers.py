@@ -3,8 +3,8 @@
 - "standard": the paged engine as training uses it (float weights, continuous batching,
   prefix cache, fused decode kernels).
 - "fast": the same weights through the fast paths, each switchable: int8 linear layers
-  (`NativeEngineConfig.quantization`), with decode bursts of FAST_BURST times the passes,
-  and speculative decoding (`NativeEngineConfig.speculative`: n-gram prompt lookup or a draft
+  (`NativeEngineConfig.quantization`), with decode bursts of FAST_BURST times the passes
+  where it does not speculate, and speculative decoding (`NativeEngineConfig.speculative`: n-gram prompt lookup or a draft
   model the user names). Greedy output of speculative
   decoding equals the standard tier's; int8 changes outputs slightly (its parity is measured
   in bench/tiers.py and bench/int8.py).
@@ -41,11 +41,12 @@ TIERS = ("standard", "fast")
 FAST_REQUESTS = ("fast", "priority")
 SPECULATE_FROM_PARAMS = 20_000_000
 FAST_BURST = 2
-"""With int8 layers, the fast tier's decode bursts (NativeEngineConfig.decode_burst) are this
-many times the standard tier's passes: its passes are 2.5x to 4x shorter (bench/tiers.py), so
-a burst of twice the passes still ends sooner in wall time than a standard burst, and a
-request that arrives meanwhile (or a stream's next chunk) waits no longer than on the
-standard tier; the scheduling cost of a burst is paid half as often per token."""
+"""With int8 layers and no speculation, the fast tier's decode bursts
+(NativeEngineConfig.decode_burst) are this many times the standard tier's passes: its passes
+are 2.5x to 4x shorter (bench/tiers.py), so a burst of twice the passes still ends sooner in
+wall time than a standard burst, and a request that arrives meanwhile (or a stream's next
+chunk) waits no longer than on the standard tier; the scheduling cost of a burst is paid
+half as often per token."""
 
 
 def tier_for(service_tier: str | None, available: tuple[str, ...]) -> str:
@@ -68,16 +69,20 @@ def parse_tiers(text: str) -> tuple[str, ...]:
 def tier_config(tier: str, base: NativeEngineConfig, int8: bool = True, speculative: dict[str, Any] | None = None
                 ) -> NativeEngineConfig:
     """The engine settings of `tier`: the standard tier's are `base`; the fast tier adds int8
-    with FAST_BURST times the decode burst (unless int8 is False) and speculative decoding
-    (n-gram unless `speculative` says otherwise; {"method": "none"} turns it off)."""
+    (unless int8 is False) and speculative decoding (n-gram unless `speculative` says
+    otherwise; {"method": "none"} turns it off). With int8 and no speculation its decode
+    bursts are FAST_BURST times the standard tier's; a speculating tier keeps the standard
+    burst, because a burst's passes draft nothing: on the 88M model of bench/tiers.py the
+    longer burst took n-gram lookup from 4.55x to 3.14x on prompts it could copy from."""
     if tier == "standard":
         return base
     update: dict[str, Any] = {}
-    if int8:
-        update["quantization"] = "int8"
-        update["decode_burst"] = min(base.decode_burst * FAST_BURST, 4096)
     spec = {"method": "ngram", **(speculative or {})}
     update["speculative"] = spec
+    if int8:
+        update["quantization"] = "int8"
+        if spec["method"] == "none":
+            update["decode_burst"] = min(base.decode_burst * FAST_BURST, 4096)
     return NativeEngineConfig.model_validate({**base.model_dump(), **update})
 
 
