@@ -122,14 +122,17 @@ def test_a_rollout_pools_shards_merge_in_prompt_order_with_summed_counters():
         merge_shards([first, RolloutBatch(4, 7, [], 0.0, 0.0)])
 
 
-def test_a_rollout_pool_needs_the_ray_backend():
+def test_a_rollout_or_reward_pool_needs_the_ray_backend():
     from pydantic import ValidationError
 
     from polyrl.pipeline.cluster import ClusterConfig
 
     assert ClusterConfig(backend="ray", rollout_replicas=4).rollout_replicas == 4
-    with pytest.raises(ValidationError, match="needs backend: ray"):
+    assert ClusterConfig(backend="ray", reward_replicas=3).reward_replicas == 3
+    with pytest.raises(ValidationError, match="rollout_replicas: 2 needs backend: ray"):
         ClusterConfig(backend="local", rollout_replicas=2)
+    with pytest.raises(ValidationError, match="reward_replicas: 2 needs backend: ray"):
+        ClusterConfig(backend="inline", reward_replicas=2)
 
 
 def test_train_ray_flag_counts_before_the_run_file_is_checked():

@@ -2,6 +2,7 @@
 group, a four-domain run (code in the sandbox, agent episodes, math, alignment judged by
 reward models), synchronous and K = 1, with the trainer in the test's process."""
 
+import argparse
 import json
 
 import pytest
@@ -26,7 +27,7 @@ def ray_cluster():
     mp.undo()
 
 
-def four_domains(model_dir, K, replicas=1):
+def four_domains(model_dir, K, replicas=1, rewards=1):
     return load_config_text(f"""
 seed: 1
 rl_tasks:
@@ -59,8 +60,9 @@ eval:
 cluster:
   backend: ray
   rollout: {{num_cpus: {1 / replicas}}}
-  reward: {{num_cpus: 1}}
+  reward: {{num_cpus: {1 / rewards}}}
   rollout_replicas: {replicas}
+  reward_replicas: {rewards}
 """)
 
 
@@ -105,3 +107,32 @@ def test_a_pool_of_two_rollout_actors_shares_each_step(tmp_path, rm_cache, monke
         traces = [t for (t,) in db.execute("select trace_id from records where kind = 'model'")]
     for step in range(3):
         assert {t.split("-")[1] for t in traces if t.startswith(f"s{step}-")} == {"0", "1"}
+
+
+def test_a_pool_of_two_reward_actors_scores_as_one(tmp_path, rm_cache, monkeypatch, ray_cluster, capsys):  # noqa: F811
+    monkeypatch.setenv("POLYRL_CACHE", str(rm_cache))
+    model_dir = random_model_dir(tmp_path / "model")
+    runs = {}
+    for rewards in (1, 2):
+        result = train(four_domains(model_dir, 0, rewards=rewards), tmp_path / f"run{rewards}", log=lambda *_: None)
+        assert result.steps_done == 3
+        runs[rewards] = [json.loads(line) for line in (tmp_path / f"run{rewards}" / "metrics.jsonl").read_text()
+                         .splitlines()]
+    # K = 0 and the same seed: the same samples, so groups dealt to two actors and put back in
+    # order score exactly as on one
+    for one, two in zip(runs[1], runs[2]):
+        assert {d: v["reward"] for d, v in one["domains"].items()} == {d: v["reward"] for d, v in two["domains"].items()}
+        assert one["loss"] == two["loss"]
+    # each reward actor wrote its code executions to a log of its own, ids unique across them
+    run = tmp_path / "run2"
+    first, second = (run / "executions.jsonl").read_text().splitlines(), (run / "executions-1.jsonl").read_text()
+    ids = [json.loads(line)["id"] for line in first] + [json.loads(line)["id"] for line in second.splitlines()]
+    assert ids and any(i.startswith("x1-") for i in ids) and any(i[1].isdigit() and "-" not in i for i in ids)
+    assert len(set(ids)) == len(ids)
+    from polyrl.commands.replay import add_arguments, main
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    capsys.readouterr()  # (what the runs printed)
+    assert main(parser.parse_args([str(run), "--list", "--json"])) == 0
+    assert sorted(r["id"] for r in json.loads(capsys.readouterr().out)) == sorted(ids)

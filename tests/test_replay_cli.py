@@ -73,3 +73,22 @@ def test_list_unknown_ids_and_missing_logs(run_dir: Path, tmp_path: Path, capsys
     assert cli_main(["replay", str(run_dir), "x999999"]) == 2
     assert "--list" in capsys.readouterr().err
     assert cli_main(["replay", str(tmp_path / "nothing-here"), "x000000"]) == 2
+
+
+def test_a_second_writers_log_has_its_own_file_and_ids_and_replays(run_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    from polyrl.sandbox.execution_log import file_of, log_files, shard_log
+
+    first = run_dir / "executions.jsonl"
+    path, prefix = shard_log(first, 2)  # reward actor 2 of a pool (cluster.reward_replicas)
+    assert (path.name, prefix) == ("executions-2.jsonl", "x2-")
+    other = ExecutionLog(path, prefix=prefix)
+    record = {k: v for k, v in ExecutionLog(first).get("x000001").items() if k != "id"}
+    assert [other.add(record, task_id="inc") for _ in range(2)] == ["x2-000000", "x2-000001"]
+    assert ExecutionLog(path, prefix=prefix).add(record, task_id="inc") == "x2-000002"  # goes on after a reopen
+    assert log_files(first) == [first, path]
+    assert file_of(first, "x2-000001") == (path, "x2-") and file_of(first, "x000001") == (first, "x")
+    assert cli_main(["replay", str(run_dir), "x2-000001", "--json"]) == 0  # found in its writer's file
+    assert json.loads(capsys.readouterr().out)["reproduced"]
+    assert cli_main(["replay", str(run_dir), "--list", "--json"]) == 0
+    assert [r["id"] for r in json.loads(capsys.readouterr().out)] == [
+        "x000000", "x000001", "x000002", "x2-000000", "x2-000001", "x2-000002"]

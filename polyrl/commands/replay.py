@@ -36,24 +36,27 @@ def _verdict(rec: dict) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from polyrl.sandbox.execution_log import ExecutionLog
+    from polyrl.sandbox.execution_log import ExecutionLog, file_of, log_files
 
-    path = Path(args.run_dir) / EXECUTIONS
-    if not path.exists():
+    first = Path(args.run_dir) / EXECUTIONS
+    files = log_files(first)  # the first log and, with a pool of reward actors, theirs
+    if not files:
         print(f"polyrl replay: {args.run_dir} has no {EXECUTIONS} (no code was executed in that run)", file=sys.stderr)
         return 2
-    log = ExecutionLog(path)
+    path = file_of(first, args.id)[0] if args.id and not args.list else first
+    logs = [ExecutionLog(f) for f in files] if args.list or not args.id else [ExecutionLog(path)]
+    log = logs[0]
     try:
-        rows = list(log) if args.list or not args.id else []
+        rows = [r for each in logs for r in each] if args.list or not args.id else []
         rec = log.get(args.id) if args.id and not args.list else None
-    except KeyError:
+    except (KeyError, FileNotFoundError):
         print(f"polyrl replay: no execution {args.id!r} in {path}; `polyrl replay {args.run_dir} --list` shows them",
               file=sys.stderr)
         return 2
     except ValueError as exc:  # a corrupt line inside the log (a torn last one is skipped)
         print(f"polyrl replay: {exc}", file=sys.stderr)
         return 2
-    for note in log.notes:
+    for note in (n for each in logs for n in each.notes):
         print(f"polyrl replay: note: {note}", file=sys.stderr)
     if args.list or not args.id:
         rows = [r for r in rows if not args.failed or not all(v["passed"] for v in r.get("verdicts") or [])]

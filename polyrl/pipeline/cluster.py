@@ -39,10 +39,15 @@ class ClusterConfig(BaseModel):
     rollout_replicas: int = Field(1, ge=1, le=1024)
     """rollout actors (ray only; 1..1024), each with its own engine and `rollout` resources: a step's
     prompts are split among them, and the weights of a version are put in the object store once"""
+    reward_replicas: int = Field(1, ge=1, le=1024)
+    """reward actors (ray only; 1..1024), each with its own verifiers (sandbox pool, reward models) and
+    `reward` resources: a step's groups are split among them and scored at once"""
 
     @model_validator(mode="after")
     def _replicas_need_ray(self) -> ClusterConfig:
-        if self.rollout_replicas > 1 and self.backend != "ray":
-            raise ValueError(f"rollout_replicas: {self.rollout_replicas} needs backend: ray (the local backends "
-                             "run one engine); set it here or run `polyrl train RUN --ray`")
+        for name, n, what in (("rollout_replicas", self.rollout_replicas, "one engine"),
+                              ("reward_replicas", self.reward_replicas, "one set of verifiers")):
+            if n > 1 and self.backend != "ray":
+                raise ValueError(f"{name}: {n} needs backend: ray (the local backends run {what}); "
+                                 "set it here or run `polyrl train RUN --ray`")
         return self

@@ -16,16 +16,21 @@ engine on one GPU, CUDA IPC handles (`torch.multiprocessing.reductions.reduce_te
 here (there is no GPU on this project's machines).
 
 With `cluster.rollout_replicas: N`, N rollout actors share each step (RayRolloutPool): the
-step's prompts are split among them and their batches merged in prompt order.
+step's prompts are split among them and their batches merged in prompt order. With
+`cluster.reward_replicas: M`, M reward actors share its scoring (RayRewardPool): the step's
+groups are dealt among them and put back in order; reward actor i writes its code executions
+to a log of its own (executions-i.jsonl beside executions.jsonl, ids "xi-000042":
+sandbox/execution_log.py), so no two processes append to one file.
 
-Out of scope: more than one reward actor, the trainer as an actor (it stays in the
-driver process, where the run directory is), actors on machines that do not share the
-run directory's file system (the execution log is written by the reward actor).
+Out of scope: the trainer as an actor (it stays in the driver process, where the run
+directory is), actors on machines that do not share the run directory's file system (the
+execution logs are written by the reward actors).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -52,14 +57,15 @@ def start_ray_roles(cfg: RunConfig, model_dir: Path, heldout: Mapping[str, list[
     if not ray.is_initialized():
         if cfg.cluster.address is None:  # a local cluster of this machine, for this run only
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-            need = cfg.cluster.rollout.num_cpus * cfg.cluster.rollout_replicas + cfg.cluster.reward.num_cpus
+            need = (cfg.cluster.rollout.num_cpus * cfg.cluster.rollout_replicas
+                    + cfg.cluster.reward.num_cpus * cfg.cluster.reward_replicas)
             ray.init(num_cpus=max(os.cpu_count() or 1, int(need + 0.999)), include_dashboard=False,
                      log_to_driver=False, configure_logging=False)
         else:
             ray.init(address=cfg.cluster.address, log_to_driver=False, configure_logging=False)
         closers.append(ray.shutdown)
-    replicas = cfg.cluster.rollout_replicas
-    roles = [("reward", cfg.cluster.reward)] + [("rollout", cfg.cluster.rollout)] * replicas
+    replicas, rewards = cfg.cluster.rollout_replicas, cfg.cluster.reward_replicas
+    roles = [("reward", cfg.cluster.reward)] * rewards + [("rollout", cfg.cluster.rollout)] * replicas
     bundles = [{"CPU": r.num_cpus, **({"GPU": r.num_gpus} if r.num_gpus else {})} for _, r in roles]
     group = placement_group(bundles, strategy="PACK")
     closers.append(lambda: remove_placement_group(group))
@@ -68,23 +74,23 @@ def start_ray_roles(cfg: RunConfig, model_dir: Path, heldout: Mapping[str, list[
         _close(closers)
         raise RuntimeError(f"the Ray cluster cannot place the roles' resources {bundles} within "
                            f"{PLACEMENT_TIMEOUT_S} s; lower cluster.rollout / cluster.reward / "
-                           "cluster.rollout_replicas or add nodes")
+                           "cluster.rollout_replicas / cluster.reward_replicas or add nodes")
     actor = ray.remote(RoleActor)
     handles = []
     for i, (name, res) in enumerate(roles):
-        args = (cfg, model_dir, heldout) if name == "rollout" else (cfg, executions)
+        args = (cfg, model_dir, heldout) if name == "rollout" else (cfg, executions, i)  # i: its log (shard_log)
         handles.append(actor.options(
             num_cpus=res.num_cpus, num_gpus=res.num_gpus, name=None, max_concurrency=1,
             scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i),
         ).remote(name, *args))
-    reward_actor, rollout_actors = handles[0], handles[1:]
-    rollout, reward = RayRolloutPool(rollout_actors), RemoteRole(reward_actor)
+    reward_actors, rollout_actors = handles[:rewards], handles[rewards:]
+    rollout, reward = RayRolloutPool(rollout_actors), RayRewardPool(reward_actors)
     try:  # building a role fails loudly here, not at its first call
         ray.get([h.ready.remote() for h in handles])
     except BaseException:
         _close(closers)
         raise
-    closers += [lambda: _close_actor(reward_actor)] + [lambda a=a: _close_actor(a) for a in rollout_actors]
+    closers += [lambda a=a: _close_actor(a) for a in handles]
     return Roles(rollout, reward, closers)
 
 
@@ -147,6 +153,33 @@ class RayRolloutPool(RemoteRole):
 
         ref = ray.put(weights)
         return max(ray.get([a.call.remote("sync", ref, version) for a in self.actors]))
+
+
+class RayRewardPool(RemoteRole):
+    """The reward proxy over one or more reward actors. A rollout batch's groups are dealt
+    round-robin among them (group k to actor k mod n), scored at once, and put back in order,
+    with every actor's observability records; an evaluation, and every other call, goes to
+    the first actor (its held-out tasks are scored against one set of verifiers, as the
+    curriculum reads them)."""
+
+    def __init__(self, actors: list[Any]) -> None:
+        super().__init__(actors[0])
+        self.actors = actors
+
+    def finish(self, item: RolloutBatch | EvalBatch) -> RolloutBatch | EvalBatch:
+        import ray
+
+        n = min(len(self.actors), len(item.groups)) if isinstance(item, RolloutBatch) else 1
+        if n <= 1:
+            return ray.get(self.actors[0].call.remote("finish", item))
+        start = time.perf_counter()
+        shards = ray.get([actor.call.remote("finish", replace(item, groups=item.groups[i::n], records=[]))
+                          for i, actor in enumerate(self.actors[:n])])
+        groups: list = [None] * len(item.groups)
+        for i, shard in enumerate(shards):
+            groups[i::n] = shard.groups
+        return replace(item, groups=groups, records=item.records + [r for shard in shards for r in shard.records],
+                       reward_seconds=time.perf_counter() - start)
 
 
 def _close_actor(actor: Any) -> None:

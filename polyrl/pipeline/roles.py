@@ -30,7 +30,7 @@ from polyrl.obs.records import ListRecorder, ObsRecord
 from polyrl.pipeline.shared_engine import SharedEngine
 from polyrl.rollout.dispatch import Rollout, record_episodes
 from polyrl.rollout.groups import Group, score_groups
-from polyrl.sandbox.execution_log import ExecutionLog
+from polyrl.sandbox.execution_log import ExecutionLog, shard_log
 from polyrl.train.evaluate import EvalRollout, eval_domains, eval_rollout, score_eval
 from polyrl.train.setup import build_domains, draw_tasks, rollout_sampling, step_seed
 from polyrl.types import Score, Task
@@ -164,8 +164,13 @@ class RolloutRole:
 class RewardRole:
     """The verifiers (sandbox pool, reward models): batches in, scores out."""
 
-    def __init__(self, cfg: RunConfig, executions: Path | None = None) -> None:
-        self.log = ExecutionLog(executions) if executions is not None else None
+    def __init__(self, cfg: RunConfig, executions: Path | None = None, shard: int = 0) -> None:
+        """`shard`: this role's place in a pool of reward actors (ray_roles.py); its code
+        executions go to that writer's log beside `executions` (execution_log.shard_log)."""
+        self.log = None
+        if executions is not None:
+            path, prefix = shard_log(executions, shard)
+            self.log = ExecutionLog(path, prefix=prefix)
         self.domains = build_domains(cfg, self.log)
         self.specs = self.domains.specs
 
@@ -196,4 +201,3 @@ class RewardRole:
 
     def close(self) -> None:
         self.domains.close()
-

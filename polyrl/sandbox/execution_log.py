@@ -18,6 +18,10 @@ the records of the step it repeats (`drop_from_step`). A line torn by a kill mid
 only ever the last one: readers skip it (`notes` says so) and the first `add` cuts it off
 before appending; a failed write (a full disk) is cut back off (polyrl/obs/jsonl.py).
 
+Several writers (a pool of reward actors, cluster.reward_replicas) each keep a log of their
+own beside the first (`shard_log`): writer i > 0 writes executions-i.jsonl with ids "xi-000042",
+so ids stay unique across the run and `log_files` / `file_of` find a record's file from its id.
+
 Out of scope: rotation and compression (a 1,000-step quickstart writes tens of MB), and
 an index: `get` scans the file.
 """
@@ -37,9 +41,32 @@ _BLOB_MIN = 2048
 (a grader's harness is long and the same in every record; candidates are short)."""
 
 
+def shard_log(path: Path, shard: int) -> tuple[Path, str]:
+    """The file and id prefix of writer `shard`'s log beside the run's first log `path`."""
+    if shard == 0:
+        return path, "x"
+    return path.with_name(f"{path.stem}-{shard}{path.suffix}"), f"x{shard}-"
+
+
+def log_files(path: Path) -> list[Path]:
+    """The run's first log `path` and every other writer's beside it (those that exist)."""
+    others = sorted(path.parent.glob(f"{path.stem}-*{path.suffix}"), key=lambda p: p.name)
+    return ([path] if path.exists() else []) + [p for p in others if p.stem[len(path.stem) + 1:].isdigit()]
+
+
+def file_of(path: Path, eid: str) -> tuple[Path, str]:
+    """The file and prefix holding execution `eid` ("x000042": `path`; "x2-000042": writer 2's)."""
+    head, sep, _ = eid.partition("-")
+    if sep and head[1:].isdigit():
+        return shard_log(path, int(head[1:]))
+    return path, "x"
+
+
 class ExecutionLog:
-    def __init__(self, path: str | Path, keep_output: int = 4096):
+    def __init__(self, path: str | Path, keep_output: int = 4096, prefix: str = "x"):
         self.path = Path(path)
+        self.prefix = prefix
+        """What every id of this log starts with ("x"; "x2-" for a pool's writer 2: shard_log)."""
         self.blobs = self.path.parent / "blobs"
         self.keep_output = keep_output
         self._lock = threading.Lock()
@@ -67,7 +94,7 @@ class ExecutionLog:
         with self._lock:
             if self._count is None:
                 self._count = self._next_number()
-            eid = f"x{self._count:06d}"
+            eid = f"{self.prefix}{self._count:06d}"
             append_lines(self.path, [json.dumps({"id": eid, **meta, **rec}, separators=(",", ":"))])
             self._count += 1
         return eid
@@ -104,7 +131,8 @@ class ExecutionLog:
             eid = json.loads(last).get("id", "")
         except (ValueError, AttributeError):
             eid = ""
-        return int(eid[1:]) + 1 if isinstance(eid, str) and eid[1:].isdigit() else sum(1 for _ in open(self.path, "rb"))
+        number = eid[len(self.prefix):] if isinstance(eid, str) and eid.startswith(self.prefix) else ""
+        return int(number) + 1 if number.isdigit() else sum(1 for _ in open(self.path, "rb"))
 
     def _blob(self, text: str) -> str:
         sha = hashlib.sha256(text.encode(errors="surrogatepass")).hexdigest()

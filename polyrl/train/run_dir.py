@@ -6,7 +6,8 @@
       trajectories.jsonl   every sample: prompt, completion, token ids, logprobs, reward
                            with its details, weight version (enough to re-score it)
       executions.jsonl     every code execution, replayable (`polyrl replay RUN_DIR ID`);
-                           blobs/ holds the program text they share
+                           blobs/ holds the program text they share; executions-N.jsonl
+                           the same from reward actor N of a pool (cluster.reward_replicas)
       flags.jsonl          suspicious reward patterns (train/monitor.py); a quarantine
                            list that rl_tasks[].quarantine can name (domains/quarantine.py)
       obs.sqlite           every model call of training and evaluation (x.phase), agent tool
@@ -53,7 +54,7 @@ import torch
 
 from polyrl.obs.jsonl import append_lines, drop_lines, iter_jsonl
 from polyrl.obs.store import ObsStore, delete_from_step, store_path
-from polyrl.sandbox.execution_log import ExecutionLog
+from polyrl.sandbox.execution_log import ExecutionLog, log_files
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
@@ -204,7 +205,7 @@ class RunDir:
             self.close()
             raise RunExists(f"{self.path} already holds a run; continue it with "
                             f"`polyrl train --resume {self.path}` or choose another run_dir")
-        for stale in (self.flags, self.executions, self.eval_file("before")):
+        for stale in (self.flags, *log_files(self.executions), self.eval_file("before")):
             stale.unlink(missing_ok=True)
         delete_from_step(store_path(self.path), None)  # emptied, not deleted: a store may be open on it
         self._write_atomically(self.config, config_yaml.encode())
@@ -322,10 +323,13 @@ class RunDir:
         for file in (self.metrics, self.trajectories, self.flags):
             notes += drop_lines(file, step).notes(file.name)
         log = self._execution_log
-        dropped = log.drop_from_step(step) if log is not None else drop_lines(self.executions, step)
-        notes += dropped.notes(self.executions.name)
-        if dropped.records:
-            notes.append(f"{self.executions.name}: removed {dropped.records} record(s) of steps >= {step}")
+        for file in [self.executions] + [f for f in log_files(self.executions) if f != self.executions]:
+            # (the other files: a pool of reward actors' logs, cluster.reward_replicas)
+            mine = log is not None and file == self.executions
+            dropped = log.drop_from_step(step) if mine else drop_lines(file, step)
+            notes += dropped.notes(file.name)
+            if dropped.records:
+                notes.append(f"{file.name}: removed {dropped.records} record(s) of steps >= {step}")
         gone = delete_from_step(store_path(self.path), step)
         if gone:
             notes.append(f"{store_path(self.path).name}: removed {gone} record(s) of steps >= {step}")
