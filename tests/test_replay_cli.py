@@ -44,6 +44,7 @@ def test_records_are_stored_once_per_execution_with_shared_text_in_blobs(run_dir
     again = ExecutionLog(run_dir / "executions.jsonl")
     assert again.get("x000001")["request"]["code"].startswith('"""Runs INSIDE the sandbox')
     assert again.add(again.get("x000000"), task_id="inc") == "x000003"  # numbering goes on after a reopen
+    assert again.get("x000003")["task_id"] == "inc"  # stored under its new id, not the record's old one
 
 
 def test_replay_reproduces_a_recorded_verdict(run_dir: Path, capsys: pytest.CaptureFixture) -> None:
@@ -82,7 +83,7 @@ def test_a_second_writers_log_has_its_own_file_and_ids_and_replays(run_dir: Path
     path, prefix = shard_log(first, 2)  # reward actor 2 of a pool (cluster.reward_replicas)
     assert (path.name, prefix) == ("executions-2.jsonl", "x2-")
     other = ExecutionLog(path, prefix=prefix)
-    record = {k: v for k, v in ExecutionLog(first).get("x000001").items() if k != "id"}
+    record = ExecutionLog(first).get("x000001")
     assert [other.add(record, task_id="inc") for _ in range(2)] == ["x2-000000", "x2-000001"]
     assert ExecutionLog(path, prefix=prefix).add(record, task_id="inc") == "x2-000002"  # goes on after a reopen
     assert log_files(first) == [first, path]

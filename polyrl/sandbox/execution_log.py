@@ -80,7 +80,8 @@ class ExecutionLog:
 
     def add(self, rec: dict[str, Any], **meta: Any) -> str:
         """Store one record (with extra fields such as task_id); returns its id."""
-        rec = {**rec, "request": dict(rec["request"]), "result": dict(rec["result"])}
+        rec = {**{k: v for k, v in rec.items() if k != "id"}, "request": dict(rec["request"]),
+               "result": dict(rec["result"])}  # (a record read back with `get` carries its old id)
         code = rec["request"]["code"]
         if len(code) >= _BLOB_MIN:
             rec["request"]["code"], rec["code_blob"] = "", self._blob(code)
