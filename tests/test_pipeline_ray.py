@@ -121,7 +121,8 @@ def test_a_pool_of_two_reward_actors_scores_as_one(tmp_path, rm_cache, monkeypat
     # K = 0 and the same seed: the same samples, so groups dealt to two actors and put back in
     # order score exactly as on one
     for one, two in zip(runs[1], runs[2]):
-        assert {d: v["reward"] for d, v in one["domains"].items()} == {d: v["reward"] for d, v in two["domains"].items()}
+        rewards = [{d: v["reward"] for d, v in m["domains"].items()} for m in (one, two)]
+        assert rewards[0] == rewards[1]
         assert one["loss"] == two["loss"]
     # each reward actor wrote its code executions to a log of its own, ids unique across them
     run = tmp_path / "run2"

@@ -76,7 +76,8 @@ def test_list_unknown_ids_and_missing_logs(run_dir: Path, tmp_path: Path, capsys
     assert cli_main(["replay", str(tmp_path / "nothing-here"), "x000000"]) == 2
 
 
-def test_a_second_writers_log_has_its_own_file_and_ids_and_replays(run_dir: Path, capsys: pytest.CaptureFixture) -> None:
+def test_a_second_writers_log_has_its_own_file_and_ids_and_replays(run_dir: Path,
+                                                                  capsys: pytest.CaptureFixture) -> None:
     from polyrl.sandbox.execution_log import file_of, log_files, shard_log
 
     first = run_dir / "executions.jsonl"
@@ -87,6 +88,10 @@ def test_a_second_writers_log_has_its_own_file_and_ids_and_replays(run_dir: Path
     assert [other.add(record, task_id="inc") for _ in range(2)] == ["x2-000000", "x2-000001"]
     assert ExecutionLog(path, prefix=prefix).add(record, task_id="inc") == "x2-000002"  # goes on after a reopen
     assert log_files(first) == [first, path]
+    (run_dir / "executions-10.jsonl").touch()
+    (run_dir / "executions-old.jsonl").touch()  # not a writer's log
+    assert log_files(first) == [first, path, run_dir / "executions-10.jsonl"]  # writers in number order
+    (run_dir / "executions-10.jsonl").unlink()
     assert file_of(first, "x2-000001") == (path, "x2-") and file_of(first, "x000001") == (first, "x")
     assert cli_main(["replay", str(run_dir), "x2-000001", "--json"]) == 0  # found in its writer's file
     assert json.loads(capsys.readouterr().out)["reproduced"]

@@ -49,7 +49,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         rows = [r for each in logs for r in each] if args.list or not args.id else []
         rec = log.get(args.id) if args.id and not args.list else None
-    except (KeyError, FileNotFoundError):
+    except KeyError:
         print(f"polyrl replay: no execution {args.id!r} in {path}; `polyrl replay {args.run_dir} --list` shows them",
               file=sys.stderr)
         return 2

@@ -19,8 +19,8 @@ or down).
 Rises are least-squares fits over the last `window` points (slope times span), so one
 noisy evaluation neither triggers nor hides a flag. Where the check is measured on other
 samples than the proxy (held-out accuracy against the training reward), `check_noise`
-gives its sampling error, and the check must fall short by more than that. Both curves should be on comparable
-scales (both 0..1 here). Pure: no I/O, no models.
+gives its sampling error, and the check must fall short by more than that. Both curves
+should be on comparable scales (both 0..1 here). Pure: no I/O, no models.
 
 Over-optimisation can also creep in slower than any window sees: the proxy gains a
 little per evaluation and the check loses a little. `detect_decline` catches that from

@@ -50,8 +50,9 @@ def shard_log(path: Path, shard: int) -> tuple[Path, str]:
 
 def log_files(path: Path) -> list[Path]:
     """The run's first log `path` and every other writer's beside it (those that exist)."""
-    others = sorted(path.parent.glob(f"{path.stem}-*{path.suffix}"), key=lambda p: p.name)
-    return ([path] if path.exists() else []) + [p for p in others if p.stem[len(path.stem) + 1:].isdigit()]
+    shards = {p: p.stem[len(path.stem) + 1:] for p in path.parent.glob(f"{path.stem}-*{path.suffix}")}
+    others = sorted((p for p, n in shards.items() if n.isdigit()), key=lambda p: int(shards[p]))
+    return ([path] if path.exists() else []) + others
 
 
 def file_of(path: Path, eid: str) -> tuple[Path, str]:
@@ -80,8 +81,8 @@ class ExecutionLog:
 
     def add(self, rec: dict[str, Any], **meta: Any) -> str:
         """Store one record (with extra fields such as task_id); returns its id."""
-        rec = {**{k: v for k, v in rec.items() if k != "id"}, "request": dict(rec["request"]),
-               "result": dict(rec["result"])}  # (a record read back with `get` carries its old id)
+        rec = {k: v for k, v in rec.items() if k != "id"}  # (a record read back with `get` carries its old id)
+        rec["request"], rec["result"] = dict(rec["request"]), dict(rec["result"])
         code = rec["request"]["code"]
         if len(code) >= _BLOB_MIN:
             rec["request"]["code"], rec["code_blob"] = "", self._blob(code)

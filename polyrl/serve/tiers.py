@@ -4,8 +4,8 @@
   prefix cache, fused decode kernels).
 - "fast": the same weights through the fast paths, each switchable: int8 linear layers
   (`NativeEngineConfig.quantization`), with decode bursts of FAST_BURST times the passes
-  where it does not speculate, and speculative decoding (`NativeEngineConfig.speculative`: n-gram prompt lookup or a draft
-  model the user names). Greedy output of speculative
+  where it does not speculate, and speculative decoding (`NativeEngineConfig.speculative`:
+  n-gram prompt lookup or a draft model the user names). Greedy output of speculative
   decoding equals the standard tier's; int8 changes outputs slightly (its parity is measured
   in bench/tiers.py and bench/int8.py).
 

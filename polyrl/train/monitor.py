@@ -85,9 +85,10 @@ class RewardMonitor:
             return None
         self.points.setdefault(domain, []).append((sum(rewards) / len(rewards), heldout))
         points = self.points[domain]
-        checks = [h for _, h in points][-self.settings["window"]:]
-        verdict = detect_hacking([p for p, _ in points], [h for _, h in points], **self.settings,
-                                 check_noise=heldout_noise(sum(checks) / len(checks), tasks))
+        accuracies = [h for _, h in points]
+        recent = accuracies[-self.settings["window"]:]
+        verdict = detect_hacking([p for p, _ in points], accuracies, **self.settings,
+                                 check_noise=heldout_noise(sum(recent) / len(recent), tasks))
         return self._flag(step, "train_heldout_divergence", domain, verdict.flagged,
                           verdict.reason.replace("proxy", "training reward").replace("the independent check",
                                                                                     "held-out accuracy"))

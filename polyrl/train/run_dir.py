@@ -323,8 +323,7 @@ class RunDir:
         for file in (self.metrics, self.trajectories, self.flags):
             notes += drop_lines(file, step).notes(file.name)
         log = self._execution_log
-        for file in [self.executions] + [f for f in log_files(self.executions) if f != self.executions]:
-            # (the other files: a pool of reward actors' logs, cluster.reward_replicas)
+        for file in dict.fromkeys([self.executions, *log_files(self.executions)]):  # a reward pool's logs too
             mine = log is not None and file == self.executions
             dropped = log.drop_from_step(step) if mine else drop_lines(file, step)
             notes += dropped.notes(file.name)
