@@ -73,7 +73,8 @@ def main() -> None:
     gu = gate_up(h, torch.empty(S, gate_up.out_features))
     act = torch.empty(S, gu.shape[1] // 2)
     logits = torch.empty(S, fused.head.out_features)
-    scores = torch.empty(ATTEND_GROUP * cache.k.shape[3])
+    threads = fused.threads()
+    scores = torch.empty(threads, ATTEND_GROUP * cache.k.shape[3])
     fused._rope_tables(P + 1)
     u, temperature = torch.rand(S, dtype=torch.float64), torch.ones(S)
     parts = {
@@ -82,10 +83,10 @@ def main() -> None:
         "rope + attention": lambda: lib.rope_attend(
             q.data_ptr(), S, fused.nh, fused.nkv, fused.hd, fused.cos.data_ptr(), fused.sin.data_ptr(),
             pos.data_ptr(), rows.data_ptr(), cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[3],
-            attn.data_ptr(), fused.scale, scores.data_ptr(), fused.kv_q8),
+            attn.data_ptr(), fused.scale, scores.data_ptr(), fused.kv_q8, threads),
         "o product + residual": lambda: o.add_to(x, attn),
         "gate/up product": lambda: gate_up(h, gu),
-        "silu * up": lambda: lib.silu_mul(gu.data_ptr(), act.data_ptr(), S, act.shape[1]),
+        "silu * up": lambda: lib.silu_mul(gu.data_ptr(), act.data_ptr(), S, act.shape[1], threads),
         "down product + residual": lambda: down.add_to(x, act),
         "lm_head product": lambda: fused.head(h, logits),
         "sampler": lambda: fused.sample(logits, temperature, u),

@@ -199,13 +199,47 @@ def test_without_blas_sgemm_the_layer_loop_runs(lib, monkeypatch):
                                rtol=1e-4, atol=2e-5)
 
 
+@pytest.mark.parametrize("whole", [True, False], ids=["whole_pass", "layer_loop"])
+def test_rows_split_over_threads_give_the_one_thread_results_bit_for_bit(lib, monkeypatch, whole):
+    """The per-row kernels (attention, SiLU-and-multiply, sampling) split 40 rows over 4
+    threads, 10 rows each, or run them on one: logits, cache writes and samples are the
+    same floats."""
+    if not lib.threaded:
+        pytest.skip("the kernels were built without OpenMP here: one thread only")
+    model = random_model(SHAPES["llama_hd32_gqa_biased"], layers=2)
+    S, g = 40, torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 300, (6, S), generator=g)
+    temperature = torch.tensor([0.0, 0.7, 1.0, 1.3] * (S // 4))
+    u = counter_uniforms(torch.arange(S) * 7919, torch.zeros(S, dtype=torch.long))
+    runs = []
+    for threads in (1, 4):
+        fused = FusedDecoder(model, empty_cache(model.cfg, S), lib, whole_pass=whole)
+        monkeypatch.setattr(fused, "threads", lambda t=threads: t)
+        logits = [fused.logits(ids[p], p + torch.arange(S) % 3, torch.arange(S).flip(0)) for p in range(6)]
+        runs.append((logits, fused.sample(logits[-1], temperature, u), fused.cache.k, fused.cache.v))
+    (logits1, samples1, k1, v1), (logits4, samples4, k4, v4) = runs
+    assert all(torch.equal(a, b) for a, b in zip(logits1, logits4))
+    assert all(torch.equal(a, b) for a, b in zip(samples1, samples4))
+    assert torch.equal(k1, k4) and torch.equal(v1, v4)
+
+
+def test_the_threaded_kernels_run_on_torchs_own_openmp_runtime(lib):
+    """One libgomp in the process: the kernels' threads are the ones torch and MKL use, not a
+    second pool fighting them for the cores."""
+    if not lib.threaded:
+        pytest.skip("the kernels were built without OpenMP here: one thread only")
+    with open("/proc/self/maps") as maps:
+        runtimes = {line.split()[-1] for line in maps if "libgomp" in line}
+    assert len(runtimes) == 1, runtimes
+
+
 def test_silu_mul_matches_torch_from_tiny_to_saturated_gates(lib):
     gate = torch.cat([torch.randn(200, generator=torch.Generator().manual_seed(0)),
                       torch.tensor([0.0, 1e-30, -1e-30, 20.0, -20.0, 87.5, -87.5, 100.0, -100.0, 1e4, -1e4])])
     up = torch.linspace(-2, 2, gate.numel())
     gu = torch.cat([gate, up])[None]  # one row: [gate | up]
     out = torch.empty(1, gate.numel())
-    lib.silu_mul(gu.data_ptr(), out.data_ptr(), 1, gate.numel())
+    lib.silu_mul(gu.data_ptr(), out.data_ptr(), 1, gate.numel(), 1)
     torch.testing.assert_close(out[0], torch.nn.functional.silu(gate) * up, rtol=1e-6, atol=1e-30)
 
 

@@ -92,7 +92,7 @@ def test_the_c_kernel_rounds_as_torch_does():
         out, scores = torch.empty(S, nh * hd), torch.empty(4 * L)
         lib.rope_attend(qkv.data_ptr(), S, nh, nkv, hd, cos.data_ptr(), sin.data_ptr(), pos.data_ptr(),
                         rows.data_ptr(), kc.data_ptr(), vc.data_ptr(), L, out.data_ptr(), ctypes.c_float(0.1),
-                        scores.data_ptr(), flag)
+                        scores.data_ptr(), flag, 1)
         caches.append((kc[rows, :, pos], vc[rows, :, pos]))  # (S, nkv, hd)
     for plain, quantized in zip(*caches):
         assert torch.equal(quantized, fake_quant(plain))

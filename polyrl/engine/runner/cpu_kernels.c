@@ -1,5 +1,4 @@
-/* Fused CPU kernels for one decode pass of a Llama-family model (float32, one thread, apart
-   from the BLAS sgemm that decode_pass calls, which uses the threads torch gives MKL).
+/* Fused CPU kernels for one decode pass of a Llama-family model (float32).
 
    Between its matrix products a decode pass is a chain of small operators (norms, RoPE,
    the K/V write, attention over each sequence's context, SiLU, sampling); run one by one
@@ -9,12 +8,36 @@
 
    Every function is plain C99 over contiguous row-major float32 buffers (attention's dot
    products use AVX2 intrinsics where the compiler targets them); the caller owns all
-   memory. Reductions carry `omp simd` so the compiler may vectorise them
-   (-fopenmp-simd: no OpenMP runtime is linked). */
+   memory. Reductions carry `omp simd` so the compiler may vectorise them.
+
+   Threads: the per-row kernels (attention, SiLU-and-multiply, sampling) split their rows
+   over `threads` OpenMP threads when every thread gets at least MIN_ROWS_PER_THREAD rows;
+   each row's arithmetic is unchanged, so the results are bitwise those of one thread.
+   Built with -fopenmp, the library needs libgomp.so.1, and the dynamic loader hands it
+   the copy torch has already loaded: these loops run on the very threads torch's own
+   operators and MKL's sgemm use (a second pool would fight them for the cores). Built
+   without OpenMP (cpu_kernels.py's fallback), the pragmas are ignored and every kernel
+   runs on the calling thread. Scratch that a row needs (attention scores, sampling work)
+   comes as `threads` slices, one per thread. */
 
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#define THREAD_ID ((int64_t)omp_get_thread_num())
+#else
+#define THREAD_ID ((int64_t)0)
+#endif
+
+#define MIN_ROWS_PER_THREAD 8 /* below this a thread's share costs more to hand out than it saves */
+
+/* How many of `threads` threads a call over `rows` rows uses. */
+static inline int64_t row_threads(int64_t threads, int64_t rows) {
+    int64_t n = rows / MIN_ROWS_PER_THREAD;
+    n = n < threads ? n : threads;
+    return n > 1 ? n : 1;
+}
 
 /* exp(x) for finite x, to within a few ulp over [-87, 88] and clamped outside it
    (Cephes' expf polynomial): 2^n * p(r), with x = n ln2 + r, |r| <= ln2 / 2.
@@ -54,7 +77,9 @@ void rms_norm(const float *restrict x, const float *restrict w, float *restrict 
    Two loops on purpose: fused into one, gcc vectorises fast_exp's clamp as a select and
    computes the division on both arms, and the clamped arm (gate / e^88) makes subnormal
    floats for ordinary gates, each of which can cost x86 CPUs a microcode assist. */
-void silu_mul(const float *restrict gu, float *restrict out, int64_t rows, int64_t inter) {
+void silu_mul(const float *restrict gu, float *restrict out, int64_t rows, int64_t inter, int64_t threads) {
+    int64_t nt = row_threads(threads, rows);
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
     for (int64_t i = 0; i < rows; i++) {
         const float *g = gu + i * 2 * inter, *u = g + inter;
         float *o = out + i * inter;
@@ -178,15 +203,17 @@ static void fake_q8(float *restrict x, int64_t hd) {
      cos_t, sin_t (P, hd): RoPE tables by position; pos (S,): the token's position;
      kc, vc: this layer's decode-cache rows (rows, nkv, L, hd), row of each sequence rows (S,);
    rotates q and k, writes k and v at [row, head, pos], and attends over positions
-   0..pos of the row: out (S, nh hd). scores (>= GROUP (pos + 1) floats) is scratch.
+   0..pos of the row: out (S, nh hd). scores (threads x GROUP L floats) is scratch.
    kv_q8: the pool is int8, so the new k and v are written (and attended) as it gives them back. */
 void rope_attend(const float *restrict qkv, int64_t S, int64_t nh, int64_t nkv, int64_t hd,
                  const float *restrict cos_t, const float *restrict sin_t, const int64_t *restrict pos,
                  const int64_t *restrict rows, float *restrict kc, float *restrict vc, int64_t L,
-                 float *restrict out, float scale, float *restrict scores, int64_t kv_q8) {
-    int64_t width = (nh + 2 * nkv) * hd, rep = nh / nkv;
-    float qr[GROUP * MAX_HEAD_DIM];
+                 float *restrict out, float scale, float *restrict scores, int64_t kv_q8, int64_t threads) {
+    int64_t width = (nh + 2 * nkv) * hd, rep = nh / nkv, nt = row_threads(threads, S);
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
     for (int64_t s = 0; s < S; s++) {
+        float qr[GROUP * MAX_HEAD_DIM];
+        float *sc = scores + THREAD_ID * GROUP * L; /* this thread's slice */
         int64_t p = pos[s];
         const float *c = cos_t + p * hd, *sn = sin_t + p * hd;
         const float *q = qkv + s * width, *k = q + nh * hd, *v = k + nkv * hd;
@@ -207,10 +234,10 @@ void rope_attend(const float *restrict qkv, int64_t S, int64_t nh, int64_t nkv, 
                     for (int64_t i = 0; i < hd; i++) qr[r * hd + i] *= scale;
                 }
                 switch (hd) { /* the common head sizes get fully unrolled loops */
-                    case 32: attend_group(qr, g, krow, vrow, p, 32, scores, o); break;
-                    case 64: attend_group(qr, g, krow, vrow, p, 64, scores, o); break;
-                    case 128: attend_group(qr, g, krow, vrow, p, 128, scores, o); break;
-                    default: attend_group(qr, g, krow, vrow, p, hd, scores, o);
+                    case 32: attend_group(qr, g, krow, vrow, p, 32, sc, o); break;
+                    case 64: attend_group(qr, g, krow, vrow, p, 64, sc, o); break;
+                    case 128: attend_group(qr, g, krow, vrow, p, 128, sc, o); break;
+                    default: attend_group(qr, g, krow, vrow, p, hd, sc, o);
                 }
             }
         }
@@ -221,11 +248,14 @@ void rope_attend(const float *restrict qkv, int64_t S, int64_t nh, int64_t nkv, 
    then the token: argmax when t == 0, else the first index whose cumulative probability
    (summed in double, as torch.cumsum does) reaches u * total (sampler.sample_batch's
    inverse CDF without truncation). Writes tokens (M,) and their logprobs (M,);
-   work (>= V floats) is scratch. */
+   work_all (threads x V floats) is scratch. */
 void sample_rows(const float *restrict logits, int64_t M, int64_t V, const float *restrict temperature,
                  const double *restrict u, int64_t *restrict tokens, float *restrict token_logprobs,
-                 float *restrict work) {
+                 float *restrict work_all, int64_t threads) {
+    int64_t nt = row_threads(threads, M);
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
     for (int64_t i = 0; i < M; i++) {
+        float *restrict work = work_all + THREAD_ID * V; /* this thread's slice */
         const float *x = logits + i * V;
         int greedy = temperature[i] == 0.0f;
         float t = greedy ? 1.0f : temperature[i];
@@ -518,11 +548,12 @@ struct decode_args {
     float *kc, *vc;              /* layer 0's cache rows; layer i at + i * layer_stride */
     const float *final_norm, *whead, *bhead; /* whead (D, V) */
     float *logits;               /* (S, V) out */
-    /* scratch: x, h (S, D); qkv (S, (nh + 2 nkv) hd); attn (S, nh hd); gu (S, 2 inter); act (S, inter); scores (GROUP L) */
+    /* scratch: x, h (S, D); qkv (S, (nh + 2 nkv) hd); attn (S, nh hd); gu (S, 2 inter); act (S, inter); scores (threads x GROUP L) */
     float *x, *h, *qkv, *attn, *gu, *act, *scores;
     const struct q8_weight *qhead; /* the int8 head, or NULL */
     uint8_t *xq; float *xs;        /* q8_matmul's scratch: (S, widest Kp) bytes, (S,) floats */
     int64_t kv_q8;                 /* rope_attend's kv_q8: an int8 KV pool */
+    int64_t threads;               /* the per-row kernels' threads (scores: that many slices) */
 };
 
 /* y (S, n) = beta * y + x (S, k) @ w (k, n) (+ bias): row-major, so sgemm computes y^T = w^T x^T.
@@ -554,11 +585,11 @@ void decode_pass(const struct decode_args *a) {
         product(a, w->qqkv, a->h, w->wqkv, w->bqkv, a->qkv, S, D, qkv_w, 0.0f);
         rope_attend(a->qkv, S, a->nh, a->nkv, a->hd, a->cos_t, a->sin_t, a->pos, a->rows,
                     a->kc + i * a->layer_stride, a->vc + i * a->layer_stride, a->L, a->attn, a->scale, a->scores,
-                    a->kv_q8);
+                    a->kv_q8, a->threads);
         product(a, w->qo, a->attn, w->wo, w->bo, a->x, S, a->nh * a->hd, D, 1.0f);
         rms_norm(a->x, w->norm2, a->h, S, D, a->eps);
         product(a, w->qgu, a->h, w->wgu, w->bgu, a->gu, S, D, 2 * a->inter, 0.0f);
-        silu_mul(a->gu, a->act, S, a->inter);
+        silu_mul(a->gu, a->act, S, a->inter, a->threads);
         product(a, w->qdown, a->act, w->wdown, w->bdown, a->x, S, a->inter, D, 1.0f);
     }
     rms_norm(a->x, a->final_norm, a->h, S, D, a->eps);
@@ -569,7 +600,7 @@ void decode_pass(const struct decode_args *a) {
    noise u (K, S)) the next pass's input tokens, until every sequence has sampled a stop id
    (stop (S, m), padded with -1) or reached its last kept pass (keep (S,)). a->ids holds the
    first pass's tokens; pos (K, S) the positions. Writes tokens and logprobs (K, S) and
-   returns the passes run. a->logits is scratch here (S, V); work (>= V floats) and done
+   returns the passes run. a->logits is scratch here (S, V); work (threads x V floats) and done
    (S bytes) too. */
 int64_t decode_burst(const struct decode_args *a, int64_t K, const int64_t *pos, const float *temperature,
                      const double *u, const int64_t *stop, int64_t m, const int64_t *keep, int64_t *tokens,
@@ -581,7 +612,7 @@ int64_t decode_burst(const struct decode_args *a, int64_t K, const int64_t *pos,
         p.pos = pos + k * S;
         decode_pass(&p);
         int64_t *out = tokens + k * S;
-        sample_rows(p.logits, S, a->V, temperature, u + k * S, out, logprobs + k * S, work);
+        sample_rows(p.logits, S, a->V, temperature, u + k * S, out, logprobs + k * S, work, a->threads);
         p.ids = out;
         int all = 1;
         for (int64_t s = 0; s < S; s++) {

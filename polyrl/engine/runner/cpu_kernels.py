@@ -8,9 +8,12 @@ CPU. Loading is through ctypes: no Python headers and no PyTorch headers, so the
 is one short compiler call.
 
 The flags allow what the kernels need to vectorise and nothing that changes results:
--fopenmp-simd honours their `omp simd` reductions without linking an OpenMP runtime,
-and -fno-math-errno / -fno-trapping-math let comparisons and sqrt become vector
-instructions. No -ffast-math: nothing is reassociated beyond the marked reductions.
+-fno-math-errno / -fno-trapping-math let comparisons and sqrt become vector
+instructions. No -ffast-math: nothing is reassociated beyond the marked `omp simd`
+reductions. -fopenmp lets the per-row kernels split their rows over torch's own OpenMP
+threads (the library's libgomp.so.1 is the one torch has loaded; cpu_kernels.c says
+why); where that build fails (a compiler without OpenMP) the kernels are built with
+-fopenmp-simd alone and run on one thread, with the same results.
 
 The whole-pass kernel (decode_pass) does its matrix products with the BLAS `sgemm_`
 that torch's own library exports (MKL in the x86 wheels): `blas_sgemm()` finds it and
@@ -37,17 +40,18 @@ import tempfile
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
-FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared",
-         "-std=c99"]
+FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared", "-std=c99"]
+OPENMP = ["-fopenmp"], ["-fopenmp-simd"]
+"""Tried in order: threaded kernels, then (no OpenMP in this compiler) one thread."""
 
 _ptr = ctypes.c_void_p  # every pointer (float, double, int64) travels as an address: tensor.data_ptr()
 _i64 = ctypes.c_int64
 SIGNATURES = {
     "rms_norm": [_ptr, _ptr, _ptr, _i64, _i64, ctypes.c_float],
-    "silu_mul": [_ptr, _ptr, _i64, _i64],
+    "silu_mul": [_ptr, _ptr, _i64, _i64, _i64],
     "rope_attend": [_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr,
-                    ctypes.c_float, _ptr, _i64],
-    "sample_rows": [_ptr, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr],
+                    ctypes.c_float, _ptr, _i64, _i64],
+    "sample_rows": [_ptr, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _i64],
     "cache_to_pool": [_ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _i64],
     "decode_pass": [_ptr],
     "decode_burst": [_ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr],
@@ -74,7 +78,7 @@ class DecodeArgs(ctypes.Structure):
                 + [(name, _ptr) for name in ("embed", "ids", "pos", "rows", "cos_t", "sin_t", "kc", "vc",
                                              "final_norm", "whead", "bhead", "logits", "x", "h", "qkv", "attn",
                                              "gu", "act", "scores", "qhead", "xq", "xs")]
-                + [("kv_q8", _i64)])
+                + [("kv_q8", _i64), ("threads", _i64)])
 
 _loaded: ctypes.CDLL | str | None = None
 
@@ -97,30 +101,48 @@ def _build_and_load() -> ctypes.CDLL | str:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
         return f"C compiler {cc!r} does not run: {e}"
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu_flags()]).encode())
+    import torch  # noqa: F401  (loaded first: its libgomp.so.1 is the one the threaded build links to)
+
+    failures = []
+    for openmp in OPENMP:
+        built = _build(cc, version, FLAGS + openmp)
+        if isinstance(built, str):
+            failures.append(built)
+            continue
+        try:
+            lib = ctypes.CDLL(str(built))
+        except OSError as e:
+            failures.append(f"loading {built} failed: {e}")
+            continue
+        for name, argtypes in SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = argtypes, RETURNS.get(name)
+        lib.threaded = openmp == OPENMP[0]
+        """Whether the per-row kernels may use several threads (else they run on one)."""
+        return lib
+    return "; ".join(failures)
+
+
+def _build(cc: str, version: str, flags: list[str]) -> Path | str:
+    """The library built with `flags` (from the cache when built before), or why not."""
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(flags), version, _cpu_flags()]).encode())
     from polyrl.cache import cache_dir
 
     target = cache_dir() / "kernels" / f"cpu_kernels-{key.hexdigest()[:16]}.so"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            out = Path(tmp) / target.name
-            try:
-                done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(out), "-lm"], capture_output=True,
-                                      text=True, timeout=300)
-            except (OSError, subprocess.SubprocessError) as e:
-                return f"building {SOURCE.name} failed: {e}"
-            if done.returncode != 0:
-                return f"building {SOURCE.name} with {cc} failed: {done.stderr.strip()[-500:]}"
-            os.replace(out, target)  # atomic: concurrent builders each land a whole file
-    try:
-        lib = ctypes.CDLL(str(target))
-    except OSError as e:
-        return f"loading {target} failed: {e}"
-    for name, argtypes in SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = argtypes, RETURNS.get(name)
-    return lib
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        out = Path(tmp) / target.name
+        try:
+            done = subprocess.run([cc, *flags, str(SOURCE), "-o", str(out), "-lm"], capture_output=True,
+                                  text=True, timeout=300)
+        except (OSError, subprocess.SubprocessError) as e:
+            return f"building {SOURCE.name} failed: {e}"
+        if done.returncode != 0:
+            return f"building {SOURCE.name} with {cc} {' '.join(flags)} failed: {done.stderr.strip()[-500:]}"
+        os.replace(out, target)  # atomic: concurrent builders each land a whole file
+    return target
 
 
 _sgemm: int | str | None = None

@@ -195,20 +195,21 @@ class FusedDecoder:
         D = x.shape[1]
         h = self._buffer("h", S, D)
         attn = self._buffer("attn", S, self.nh * self.hd)
-        scores = self._buffer("scores", 1, ATTEND_GROUP * L)
+        threads = self.threads()
+        scores = self._buffer_ptr("scores", threads, ATTEND_GROUP * L)
         layer_bytes = kc.stride(0) * kc.element_size()
         for i, (norm1, qkv, o, norm2, gate_up, down) in enumerate(self.layers):
             lib.rms_norm(x.data_ptr(), norm1.data_ptr(), h.data_ptr(), S, D, self.eps)
             q = qkv(h, self._buffer("qkv", S, qkv.out_features))
             lib.rope_attend(q.data_ptr(), S, self.nh, self.nkv, self.hd, self.cos.data_ptr(), self.sin.data_ptr(),
                             pos.data_ptr(), rows.data_ptr(), kc.data_ptr() + i * layer_bytes,
-                            vc.data_ptr() + i * layer_bytes, L, attn.data_ptr(), self.scale, scores.data_ptr(),
-                            self.kv_q8)
+                            vc.data_ptr() + i * layer_bytes, L, attn.data_ptr(), self.scale, scores, self.kv_q8,
+                            threads)
             o.add_to(x, attn)
             lib.rms_norm(x.data_ptr(), norm2.data_ptr(), h.data_ptr(), S, D, self.eps)
             gu = gate_up(h, self._buffer("gate_up", S, gate_up.out_features))
             act = self._buffer("act", S, gu.shape[1] // 2)
-            lib.silu_mul(gu.data_ptr(), act.data_ptr(), S, act.shape[1])
+            lib.silu_mul(gu.data_ptr(), act.data_ptr(), S, act.shape[1], threads)
             down.add_to(x, act)
         lib.rms_norm(x.data_ptr(), self.model.model.norm.weight.data_ptr(), h.data_ptr(), S, D, self.eps)
         return self.head(h, logits)
@@ -235,8 +236,13 @@ class FusedDecoder:
         passes = self.lib.decode_burst(
             ctypes.byref(args), K, pos.data_ptr(), temperature.data_ptr(), u.data_ptr(), stop.data_ptr(),
             stop.shape[1], keep.data_ptr(), tokens.data_ptr(), logprobs.data_ptr(),
-            self._buffer_ptr("work", 1, self.head.out_features), done.data_ptr())
+            self._buffer_ptr("work", args.threads, self.head.out_features), done.data_ptr())
         return tokens, logprobs, passes
+
+    def threads(self) -> int:
+        """Threads for the per-row kernels: torch's intra-op threads, read per call (a data-parallel
+        worker sets its own), where the kernels were built with OpenMP; else one."""
+        return torch.get_num_threads() if getattr(self.lib, "threaded", False) else 1
 
     def _check(self, pos: Tensor, rows: Tensor) -> None:
         """Refuse positions or rows outside the decode cache (C would write out of bounds);
@@ -256,7 +262,8 @@ class FusedDecoder:
                 "gu": 2 * a.inter, "act": a.inter}
         for name, cols in bufs.items():
             setattr(a, name, self._buffer_ptr(name, S, cols))
-        a.scores = self._buffer_ptr("scores", 1, ATTEND_GROUP * kc.shape[3])
+        a.threads = self.threads()
+        a.scores = self._buffer_ptr("scores", a.threads, ATTEND_GROUP * kc.shape[3])
         a.S, a.L, a.layer_stride = S, kc.shape[3], kc.stride(0)
         a.ids, a.pos, a.rows = ids.data_ptr(), pos.data_ptr(), rows.data_ptr()
         a.cos_t, a.sin_t, a.kc, a.vc = self.cos.data_ptr(), self.sin.data_ptr(), kc.data_ptr(), self.cache.v.data_ptr()
@@ -287,9 +294,10 @@ class FusedDecoder:
         M, V = logits.shape
         tokens = torch.empty(M, dtype=torch.long)
         logprobs = torch.empty(M)
-        work = torch.empty(V)
+        threads = self.threads()
+        work = torch.empty(threads, V)
         self.lib.sample_rows(logits.data_ptr(), M, V, temperature.data_ptr(), u.data_ptr(), tokens.data_ptr(),
-                             logprobs.data_ptr(), work.data_ptr())
+                             logprobs.data_ptr(), work.data_ptr(), threads)
         return tokens, logprobs
 
     def _rope_tables(self, positions: int) -> None:
