@@ -1,4 +1,4 @@
-"""`polyrl train [RUN.yaml] [--run-dir DIR] [--ray [ADDRESS]]` and `polyrl train --resume RUN_DIR`.
+"""`polyrl train [RUN.yaml] [--run-dir DIR] [--ray [ADDRESS]] [--nproc N]` and `polyrl train --resume RUN_DIR`.
 
 With no run file, the built-in quickstart (polyrl/configs/quickstart.yaml). The loop
 itself is polyrl/train/loop.py. At the end it writes the run's report, RUN_DIR/report.html
@@ -9,11 +9,19 @@ run file or run directory cannot be used (the message names the file, line and f
 what to do with the directory), 1 the disk filled up (the run stopped after its last whole
 step: free space and `--resume`), 130 Ctrl-C (the same: `--resume` continues it). Any other
 failure writes its traceback into the run directory.
+
+`--nproc N` trains on N processes: the command runs itself again under torch's launcher
+(`python -m torch.distributed.run --standalone --nproc-per-node N -m polyrl.cli train ...`,
+what `torchrun` runs), and the trainer's ranks share each update (train/ranks.py). Under
+a launcher (RANK set) every rank runs this same command; only rank 0 checks and writes
+the run directory and its report.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,12 +36,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "running cluster ('auto', 'ray://host:10001'), none starts a local one")
     p.add_argument("--otel-endpoint", metavar="URL", help="also export every model call, tool call and verdict, "
                                                           "training and evaluation, as OTLP/HTTP spans (polyrl[otel])")
+    p.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="trainer processes sharing each update (FSDP over torch.distributed: gloo on CPU, one GPU "
+                        "each on CUDA); rank 0 also runs the rollout and writes the run")
 
 
 def main(args: argparse.Namespace) -> int:
     from polyrl.config import ConfigError, default_config, load_config
     from polyrl.train.run_dir import RunDir, RunDirError, is_disk_full
 
+    if args.nproc < 1:
+        print(f"polyrl train: --nproc {args.nproc}: give at least 1", file=sys.stderr)
+        return 2
+    if args.nproc > 1 and "RANK" not in os.environ:
+        return _launch(args)
+    if int(os.environ.get("RANK", "0")) > 0:
+        return _follow(args)
     try:
         if args.resume:
             if args.run_file:
@@ -101,6 +119,49 @@ def main(args: argparse.Namespace) -> int:
               f"it with `polyrl train --resume {run_dir}`", file=sys.stderr)
         return 1
     write_report(run_dir)
+    return 0
+
+
+def _launch(args: argparse.Namespace) -> int:
+    """This command again on args.nproc processes under torch's launcher; its exit status."""
+    run_dir = args.resume or args.run_dir
+    if not args.resume and not run_dir:  # one name for every rank (rank 0 alone writes it)
+        from polyrl.config import ConfigError, default_config, load_config
+
+        try:
+            cfg = load_config(args.run_file, ray=args.ray) if args.run_file else default_config(ray=args.ray)
+        except ConfigError as err:
+            print(f"polyrl train: invalid run file\n{err}", file=sys.stderr)
+            return 2
+        run_dir = cfg.run_dir or f"runs/{cfg.name or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
+               "-m", "polyrl.cli", "train"]
+    command += ["--resume", str(args.resume)] if args.resume else [*([args.run_file] if args.run_file else []),
+                                                                     "--run-dir", str(run_dir)]
+    command += ["--ray", args.ray] if args.ray is not None else []
+    command += ["--otel-endpoint", args.otel_endpoint] if getattr(args, "otel_endpoint", None) else []
+    threads = max(1, (os.cpu_count() or 1) // args.nproc)  # the launcher would set 1
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(threads))}
+    try:
+        return subprocess.run(command, env=env).returncode
+    except KeyboardInterrupt:  # the launcher passes Ctrl-C on to the ranks; rank 0 ends at a step boundary
+        return 130
+
+
+def _follow(args: argparse.Namespace) -> int:
+    """A rank > 0 under a launcher: the run's config, then the collectives rank 0 names."""
+    from polyrl.config import default_config, load_config
+    from polyrl.train.loop import train
+    from polyrl.train.run_dir import RunDir
+
+    if args.resume:
+        rd = RunDir(Path(args.resume))
+        if rd.finished():  # rank 0 says so and trains nothing: no collective to wait for
+            return 0
+        cfg = load_config(rd.config, ray=args.ray)
+    else:
+        cfg = load_config(args.run_file, ray=args.ray) if args.run_file else default_config(ray=args.ray)
+    train(cfg, Path(args.resume or args.run_dir or "."), resume=bool(args.resume))
     return 0
 
 

@@ -60,12 +60,17 @@ def load_pretrained(
 
 def save_pretrained(model: Transformer, cfg: ModelConfig, model_dir: str | os.PathLike[str]) -> None:
     """Write config.json, generation_config.json and model.safetensors into model_dir."""
+    save_weights(model.state_dict(), cfg, model_dir)
+
+
+def save_weights(weights: dict[str, torch.Tensor], cfg: ModelConfig, model_dir: str | os.PathLike[str]) -> None:
+    """save_pretrained from a model's full state dict (what a sharded trainer gathers)."""
     model_dir = Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    state = {k: v.detach().to("cpu").contiguous() for k, v in weights.items()}
+    dtype = str(state["lm_head.weight"].dtype).removeprefix("torch.")
     if cfg.tie_word_embeddings:
         del state["lm_head.weight"]  # HF re-ties it from embed_tokens on load
-    dtype = str(model.lm_head.weight.dtype).removeprefix("torch.")
 
     tmp = model_dir / (WEIGHTS_NAME + ".tmp")
     save_file(state, str(tmp), metadata={"format": "pt"})

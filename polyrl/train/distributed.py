@@ -26,9 +26,9 @@ FSDP2's MixedPrecisionPolicy (bf16 all-gathers) would halve the traffic, untried
 Launching. The process group comes from the environment that torchrun and Ray set:
 RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (`init_from_env`). Backend gloo on
 CPU, nccl on CUDA (device cuda:LOCAL_RANK).
-- One machine, N GPUs: `torchrun --nproc-per-node N SCRIPT` where every process runs the
-  same training script, rank 0 also runs the rollout engine and writes the run dir (the
-  `polyrl train` loop does not call init_from_env yet: wiring it is loop.py's part).
+- One machine, N GPUs: `polyrl train RUN --nproc N`, or `torchrun --nproc-per-node N -m
+  polyrl.cli train RUN`: every process runs the same command, rank 0 also runs the rollout
+  engine and writes the run dir, and the others follow its collectives (train/ranks.py).
 - Ray: N trainer actors (one GPU each, in a placement group); the driver picks rank 0's
   node address and a free port, and each actor sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_*
   in os.environ before calling `init_from_env` (what ray.train's TorchTrainer does too).
@@ -96,6 +96,9 @@ class SingleProcess:
     def broadcast(self, obj: Any) -> Any:
         return obj
 
+    def barrier(self) -> None:
+        pass
+
     def idle_passes(self, done: int) -> int:
         """The empty passes to add to `done` real ones: none (see DataParallel)."""
         return 0
@@ -161,6 +164,10 @@ class DataParallel(SingleProcess):
         out: list[Any] = [None] * self.world_size
         dist.all_gather_object(out, obj)
         return out
+
+    def barrier(self) -> None:
+        """Wait until every rank is here."""
+        dist.barrier()
 
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's obj on every rank (the others pass anything, e.g. None)."""

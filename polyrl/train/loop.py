@@ -30,7 +30,6 @@ runs on resume, at the resumed run's first version.
 
 from __future__ import annotations
 
-import copy
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -40,8 +39,8 @@ from typing import Callable
 import torch
 
 from polyrl.config import RunConfig
-from polyrl.models.hf_io import save_pretrained
-from polyrl.models.loading import load_policy, resolve_model_dir
+from polyrl.models.hf_io import save_weights
+from polyrl.models.loading import resolve_model_dir
 from polyrl.obs.records import PHASE, ObsRecord, Recorder, Tee, stamped
 from polyrl.pipeline.backend import start_roles
 from polyrl.pipeline.roles import EvalBatch, RolloutBatch, Ticket
@@ -54,13 +53,13 @@ from polyrl.rl.overlong import overlong_mask, overlong_rewards
 from polyrl.rollout.groups import Group
 from polyrl.train.batch import build_batch
 from polyrl.train.display import Display
-from polyrl.train.distributed import init_from_env
+from polyrl.train.distributed import SingleProcess, init_from_env
 from polyrl.train.flag_policy import FlagPolicy
 from polyrl.train.interrupts import StopAtStepBoundary
 from polyrl.train.monitor import RewardMonitor
 from polyrl.train.run_dir import RunDir
 from polyrl.train.setup import build_curriculum, build_domains, step_seed
-from polyrl.train.update import update
+from polyrl.train.ranks import Leader, Trainer, follow, lead
 
 
 @dataclass
@@ -81,12 +80,19 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, log: Callab
     obs/otel.py) also receives every observability record the run commits, with its phase. The engine, the verifiers and the
     observability store are closed on every way out, errors included.
     """
+    dp = init_from_env(cfg.trainer.device)  # several trainer processes: train/ranks.py
     with ExitStack() as closing:
-        return _train(cfg, RunDir(run_dir), resume, log, stop_after, closing, export)
+        closing.callback(dp.close)
+        if dp.rank > 0:  # rank 0 runs the loop; this rank makes the collectives it names
+            follow(cfg, dp, log)
+            return TrainResult(Path(run_dir), 0, {}, None, 0.0)
+        leader = Leader(dp)
+        closing.callback(leader.stop)  # on every way out: the other ranks end too
+        return _train(cfg, RunDir(run_dir), resume, log, stop_after, closing, dp, leader, export)
 
 
 def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None], stop_after: int | None,
-           closing: ExitStack, export: Recorder | None = None) -> TrainResult:
+           closing: ExitStack, dp: SingleProcess, leader: Leader, export: Recorder | None = None) -> TrainResult:
     state = rd.open(resume, None if resume else cfg.to_yaml())  # the lock; a resumed run's logs rolled back
     closing.callback(rd.close)
     for note in rd.notes:
@@ -96,15 +102,10 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
         return TrainResult(rd.path, state["step"], rd.read_json(rd.eval_file("before")),
                            rd.read_json(rd.eval_file("after")), state["clock"])
     torch.manual_seed(cfg.seed)
-    dp = init_from_env(cfg.trainer.device)
-    if dp.world_size > 1:
-        raise RuntimeError("polyrl train runs its trainer in one process; data-parallel ranks (WORLD_SIZE > 1) "
-                           "are polyrl.train.distributed's, not yet wired into this loop")
     if cfg.trainer.context_parallel > 1:
         raise RuntimeError(f"trainer.context_parallel: {cfg.trainer.context_parallel} is not wired into polyrl train "
                            "yet (polyrl.train.context_parallel runs under a torchrun launch); set it to 1")
     model_dir = resolve_model_dir(cfg.model.path, log=log)
-    policy, tokenizer = load_policy(model_dir, cfg.model.dtype)
     specs = build_domains(cfg, verifiers=False).specs
     heldout = {d: s.source.sample("heldout", cfg.eval.heldout_per_domain, seed=cfg.seed) for d, s in specs.items()}
     roles = start_roles(cfg, model_dir, heldout, rd.executions)
@@ -117,10 +118,7 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
                      cfg.trainer.kl_horizon, rate=cfg.trainer.kl_rate)
     on_flag = FlagPolicy({t.run_name: t.on_flag for t in cfg.domain_tasks()})
     uses_kl = any(s.kl_coef > 0 for s in specs.values()) or any("raise_kl" in t.on_flag.actions for t in cfg.rl_tasks)
-    ref = dp.wrap(copy.deepcopy(policy).eval().requires_grad_(False)) if uses_kl else None
-    policy = dp.wrap(policy)  # on trainer.device
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.trainer.lr, betas=(0.9, 0.99),
-                                  weight_decay=cfg.trainer.weight_decay)
+    trainer = lead(cfg, dp, leader, model_dir, uses_kl)  # the policy, its reference and optimizer, on every rank
     K = cfg.trainer.max_staleness
     stop = closing.enter_context(StopAtStepBoundary(log))  # Ctrl-C: end at the next step boundary
 
@@ -138,10 +136,9 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
             curriculum.update(0, capability(before))
         start_step, clock, rollout_tokens, version = 0, 0.0, 0, 0
     else:
-        policy.load_state_dict(state["policy"])
-        optimizer.load_state_dict(state["optimizer"])
+        trainer.load(state)
         version = state.get("policy_version", state["step"])
-        roles.rollout.sync(weights_snapshot(policy), version)
+        roles.rollout.sync(trainer.weights(), version)
         before, start_step, clock = rd.read_json(rd.eval_file("before")), state["step"], state["clock"]
         rollout_tokens = state.get("rollout_tokens", 0)
         if curriculum and state.get("curriculum"):
@@ -216,7 +213,7 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
             kept = [groups[i] for i in keep]
             masks = [overlong_mask(finished[i], cfg.trainer.overlong) for i in keep]
             train_batch = build_batch(kept, [adv[i].tolist() for i in keep], masks, coefs)
-            stats = update(policy, ref, optimizer, train_batch, cfg, step)
+            stats = trainer.update(train_batch, step)
             version = step + 1
             domains = batch_domains(groups)
             kl.update({d: stats["domains"][d]["kl"] for d in domains if d in stats["domains"]},
@@ -242,7 +239,7 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
                                                "reasons": moved.reasons}
         # 5. admit the next step the roles may start (step + 1 + K) at this version
         eval_due = bool(cfg.eval.every) and (step + 1) % cfg.eval.every == 0 and step + 1 < cfg.trainer.steps
-        new_weights = weights_snapshot(policy) if version != engine_version else None
+        new_weights = trainer.weights() if version != engine_version else None
         eval_seconds = 0.0
         if eval_due and K == 0:  # synchronous: evaluate now, before the next rollout
             if new_weights is not None:
@@ -278,9 +275,9 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
         rd.append(rd.trajectories, trajectory_records(step, groups))
         rd.append(rd.flags, flags)
         if (step + 1) % cfg.trainer.checkpoint_every == 0:
-            save_checkpoint(rd, policy, model_dir, f"step-{step + 1:06d}")
+            save_checkpoint(rd, trainer, model_dir, f"step-{step + 1:06d}")
         rd.save_state({"step": step + 1, "clock": clock, "rollout_tokens": rollout_tokens, "policy_version": version,
-                       "policy": policy.state_dict(), "optimizer": optimizer.state_dict(),
+                       **trainer.state(),
                        "curriculum": curriculum.state_dict() if curriculum else None, "kl": kl.state_dict(),
                        "on_flag": on_flag.state_dict(), "monitor": monitor.state_dict()})
         display.step(record)
@@ -293,18 +290,13 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
     stream.close()  # rollouts admitted past the last step are dropped
     display.close()
 
-    roles.rollout.sync(weights_snapshot(policy), version)
+    final = trainer.weights()
+    roles.rollout.sync(final, version)
     after = run_eval(steps_done, steps_done, True)
     rd.write_json(rd.eval_file("after"), after)
-    save_checkpoint(rd, policy, model_dir, "final")
+    save_checkpoint(rd, trainer, model_dir, "final", final)
     display.summary(before, after, rd.path, clock)
     return TrainResult(rd.path, steps_done, before, after, clock)
-
-
-def weights_snapshot(policy) -> dict[str, torch.Tensor]:
-    """A copy of the policy's weights for the rollout role, on the CPU: the trainer goes on
-    changing its own tensors while the rollout role copies these into its engine."""
-    return {k: v.detach().to("cpu", copy=True) for k, v in policy.state_dict().items()}
 
 
 def unreported_evals(rd: RunDir, every: int, start_step: int, last: int) -> list[int]:
@@ -406,8 +398,12 @@ def trajectory_records(step: int, groups: list[Group]) -> list[dict]:
     ]
 
 
-def save_checkpoint(rd: RunDir, policy, model_dir: Path, name: str) -> None:
+def save_checkpoint(rd: RunDir, trainer: Trainer, model_dir: Path, name: str,
+                    weights: dict[str, torch.Tensor] | None = None) -> None:
+    """The policy as a Hugging Face directory in the run's checkpoints (`weights`: its full
+    weights when the caller already has them; gathering them is a collective)."""
+    weights = trainer.weights() if weights is None else weights
     target = rd.checkpoint_dir(name)
     target.mkdir(parents=True, exist_ok=True)
-    save_pretrained(policy, policy.cfg, target)
+    save_weights(weights, trainer.policy.cfg, target)
     rd.copy_tokenizer(model_dir, target)
