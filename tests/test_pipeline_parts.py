@@ -122,7 +122,7 @@ def test_a_rollout_pools_shards_merge_in_prompt_order_with_summed_counters():
         merge_shards([first, RolloutBatch(4, 7, [], 0.0, 0.0)])
 
 
-def test_a_rollout_or_reward_pool_needs_the_ray_backend():
+def test_a_rollout_or_reward_pool_or_trainer_actors_need_the_ray_backend():
     from pydantic import ValidationError
 
     from polyrl.pipeline.cluster import ClusterConfig
@@ -133,6 +133,10 @@ def test_a_rollout_or_reward_pool_needs_the_ray_backend():
         ClusterConfig(backend="local", rollout_replicas=2)
     with pytest.raises(ValidationError, match="reward_replicas: 2 needs backend: ray"):
         ClusterConfig(backend="inline", reward_replicas=2)
+    assert ClusterConfig(backend="ray", trainer_actors=1).trainer_actors == 1
+    assert ClusterConfig(backend="local").trainer_actors == 0  # the trainer in the driver
+    with pytest.raises(ValidationError, match="trainer_actors: 1 needs backend: ray"):
+        ClusterConfig(backend="local", trainer_actors=1)
 
 
 def test_train_ray_flag_counts_before_the_run_file_is_checked():

@@ -1,6 +1,7 @@
 """The pipeline on a local Ray cluster: rollout and reward roles as actors in a placement
 group, a four-domain run (code in the sandbox, agent episodes, math, alignment judged by
-reward models), synchronous and K = 1, with the trainer in the test's process."""
+reward models), synchronous and K = 1, with the trainer in the test's process or in two
+trainer actors of its own."""
 
 import argparse
 import json
@@ -27,7 +28,8 @@ def ray_cluster():
     mp.undo()
 
 
-def four_domains(model_dir, K, replicas=1, rewards=1):
+def four_domains(model_dir, K, replicas=1, rewards=1, trainers=0):
+    share = 2 if trainers else 1  # two actors of a 2-CPU cluster's roles, and the trainers
     return load_config_text(f"""
 seed: 1
 rl_tasks:
@@ -59,10 +61,12 @@ eval:
   greedy: false
 cluster:
   backend: ray
-  rollout: {{num_cpus: {1 / replicas}}}
-  reward: {{num_cpus: {1 / rewards}}}
+  rollout: {{num_cpus: {1 / replicas / share}}}
+  reward: {{num_cpus: {1 / rewards / share}}}
   rollout_replicas: {replicas}
   reward_replicas: {rewards}
+  trainer: {{num_cpus: {1 / max(trainers, 1)}}}
+  trainer_actors: {trainers}
 """)
 
 
@@ -137,3 +141,32 @@ def test_a_pool_of_two_reward_actors_scores_as_one(tmp_path, rm_cache, monkeypat
     capsys.readouterr()  # (what the runs printed)
     assert main(parser.parse_args([str(run), "--list", "--json"])) == 0
     assert sorted(r["id"] for r in json.loads(capsys.readouterr().out)) == sorted(ids)
+
+
+def test_the_trainer_in_two_ray_actors_takes_the_drivers_steps(tmp_path, rm_cache, monkeypatch, ray_cluster):  # noqa: F811
+    """cluster.trainer_actors: 2: the policy sharded (FSDP over gloo) between two actors; the
+    driver's loop gets the same rewards and losses as with the trainer in its own process, and
+    its checkpoint and resume state hold the whole model."""
+    monkeypatch.setenv("POLYRL_CACHE", str(rm_cache))
+    model_dir = random_model_dir(tmp_path / "model")
+    runs = {}
+    for trainers in (0, 2):
+        result = train(four_domains(model_dir, 0, trainers=trainers), tmp_path / f"run{trainers}", log=lambda *_: None)
+        assert result.steps_done == 3 and set(result.after) == {"code", "agent", "math", "alignment"}
+        runs[trainers] = [json.loads(line) for line in (tmp_path / f"run{trainers}" / "metrics.jsonl").read_text()
+                          .splitlines()]
+    for one, two in zip(runs[0], runs[2]):
+        assert {d: v["reward"] for d, v in one["domains"].items()} == {d: v["reward"] for d, v in two["domains"].items()}
+        assert two["loss"] == pytest.approx(one["loss"], rel=1e-3, abs=1e-6)
+    import torch
+
+    from polyrl.models.hf_io import load_pretrained
+
+    state = torch.load(tmp_path / "run2" / "state" / "state.pt", weights_only=False)
+    assert state["world_size"] == 2 and state["step"] == 3
+    final, _ = load_pretrained(tmp_path / "run2" / "checkpoints" / "final")
+    same, _ = load_pretrained(tmp_path / "run0" / "checkpoints" / "final")
+    for name, p in same.state_dict().items():
+        assert torch.allclose(final.state_dict()[name], p, atol=1e-4), name
+    assert not ray_cluster.util.placement_group_table() or all(
+        pg["state"] == "REMOVED" for pg in ray_cluster.util.placement_group_table().values())

@@ -39,15 +39,21 @@ class ClusterConfig(BaseModel):
     rollout_replicas: int = Field(1, ge=1, le=1024)
     """rollout actors (ray only; 1..1024), each with its own engine and `rollout` resources: a step's
     prompts are split among them, and the weights of a version are put in the object store once"""
+    trainer: RoleResources = Field(default_factory=RoleResources)
+    """each trainer actor (ray with trainer_actors >= 1: one GPU each on a GPU cluster)"""
+    trainer_actors: int = Field(0, ge=0, le=1024)
+    """0: the trainer runs in the driver process, beside the run directory; N (ray only; 1..1024): N
+    trainer actors, the policy sharded among them with FSDP (polyrl/train/ray_trainer.py)"""
     reward_replicas: int = Field(1, ge=1, le=1024)
     """reward actors (ray only; 1..1024), each with its own verifiers (sandbox pool, reward models) and
     `reward` resources: a step's groups are split among them and scored at once"""
 
     @model_validator(mode="after")
     def _replicas_need_ray(self) -> ClusterConfig:
-        for name, n, what in (("rollout_replicas", self.rollout_replicas, "one engine"),
-                              ("reward_replicas", self.reward_replicas, "one set of verifiers")):
-            if n > 1 and self.backend != "ray":
+        for name, n, local, what in (("rollout_replicas", self.rollout_replicas, 1, "one engine"),
+                                     ("reward_replicas", self.reward_replicas, 1, "one set of verifiers"),
+                                     ("trainer_actors", self.trainer_actors, 0, "the trainer in this process")):
+            if n > local and self.backend != "ray":
                 raise ValueError(f"{name}: {n} needs backend: ray (the local backends run {what}); "
                                  "set it here or run `polyrl train RUN --ray`")
         return self

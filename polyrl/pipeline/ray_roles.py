@@ -22,9 +22,9 @@ groups are dealt among them and put back in order; reward actor i writes its cod
 to a log of its own (executions-i.jsonl beside executions.jsonl, ids "xi-000042":
 sandbox/execution_log.py), so no two processes append to one file.
 
-Out of scope: the trainer as an actor (it stays in the driver process, where the run
-directory is), actors on machines that do not share the run directory's file system (the
-execution logs are written by the reward actors).
+The trainer stays in the driver process unless `cluster.trainer_actors` puts it in actors
+of its own (train/ray_trainer.py). Out of scope: actors on machines that do not share the
+run directory's file system (the execution logs are written by the reward actors).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from polyrl.config import RunConfig
+from polyrl.pipeline.cluster import RoleResources
 from polyrl.pipeline.backend import Roles
 from polyrl.pipeline.roles import EvalBatch, RewardRole, RolloutBatch, RolloutRole, Ticket, merge_shards
 from polyrl.types import Task
@@ -48,7 +49,6 @@ def start_ray_roles(cfg: RunConfig, model_dir: Path, heldout: Mapping[str, list[
                     executions: Path | None) -> Roles:
     try:
         import ray
-        from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
     except ImportError:
         raise RuntimeError("cluster.backend: ray needs Ray: pip install -e '.[ray]'") from None
@@ -58,7 +58,8 @@ def start_ray_roles(cfg: RunConfig, model_dir: Path, heldout: Mapping[str, list[
         if cfg.cluster.address is None:  # a local cluster of this machine, for this run only
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             need = (cfg.cluster.rollout.num_cpus * cfg.cluster.rollout_replicas
-                    + cfg.cluster.reward.num_cpus * cfg.cluster.reward_replicas)
+                    + cfg.cluster.reward.num_cpus * cfg.cluster.reward_replicas
+                    + cfg.cluster.trainer.num_cpus * cfg.cluster.trainer_actors)
             ray.init(num_cpus=max(os.cpu_count() or 1, int(need + 0.999)), include_dashboard=False,
                      log_to_driver=False, configure_logging=False)
         else:
@@ -66,15 +67,8 @@ def start_ray_roles(cfg: RunConfig, model_dir: Path, heldout: Mapping[str, list[
         closers.append(ray.shutdown)
     replicas, rewards = cfg.cluster.rollout_replicas, cfg.cluster.reward_replicas
     roles = [("reward", cfg.cluster.reward)] * rewards + [("rollout", cfg.cluster.rollout)] * replicas
-    bundles = [{"CPU": r.num_cpus, **({"GPU": r.num_gpus} if r.num_gpus else {})} for _, r in roles]
-    group = placement_group(bundles, strategy="PACK")
-    closers.append(lambda: remove_placement_group(group))
-    ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
-    if not ready:
-        _close(closers)
-        raise RuntimeError(f"the Ray cluster cannot place the roles' resources {bundles} within "
-                           f"{PLACEMENT_TIMEOUT_S} s; lower cluster.rollout / cluster.reward / "
-                           "cluster.rollout_replicas / cluster.reward_replicas or add nodes")
+    group = place([r for _, r in roles], closers, "the roles'", "cluster.rollout / cluster.reward / "
+                  "cluster.rollout_replicas / cluster.reward_replicas")
     actor = ray.remote(RoleActor)
     handles = []
     for i, (name, res) in enumerate(roles):
@@ -88,10 +82,27 @@ def start_ray_roles(cfg: RunConfig, model_dir: Path, heldout: Mapping[str, list[
     try:  # building a role fails loudly here, not at its first call
         ray.get([h.ready.remote() for h in handles])
     except BaseException:
-        _close(closers)
+        close_all(closers)
         raise
-    closers += [lambda a=a: _close_actor(a) for a in handles]
+    closers += [lambda a=a: close_actor(a) for a in handles]
     return Roles(rollout, reward, closers)
+
+
+def place(resources: list[RoleResources], closers: list, whose: str, knobs: str) -> Any:
+    """A placement group of one bundle per entry, ready (its removal added to `closers`), or
+    a RuntimeError naming the run file's `knobs` to lower."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    bundles = [{"CPU": r.num_cpus, **({"GPU": r.num_gpus} if r.num_gpus else {})} for r in resources]
+    group = placement_group(bundles, strategy="PACK")
+    closers.append(lambda: remove_placement_group(group))
+    ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
+    if not ready:
+        close_all(closers)
+        raise RuntimeError(f"the Ray cluster cannot place {whose} resources {bundles} within "
+                           f"{PLACEMENT_TIMEOUT_S} s; lower {knobs} or add nodes")
+    return group
 
 
 class RoleActor:
@@ -102,6 +113,9 @@ class RoleActor:
 
     def ready(self) -> bool:
         return True
+
+    def close(self) -> None:
+        self.role.close()
 
     def call(self, method: str, *args: Any) -> Any:
         return getattr(self.role, method)(*args)
@@ -182,16 +196,17 @@ class RayRewardPool(RemoteRole):
                        reward_seconds=time.perf_counter() - start)
 
 
-def _close_actor(actor: Any) -> None:
+def close_actor(actor: Any) -> None:
+    """Its `close()`, then the actor killed."""
     import ray
 
     try:
-        ray.get(actor.call.remote("close"), timeout=60)
+        ray.get(actor.close.remote(), timeout=60)
     except Exception:  # noqa: BLE001 - closing is best effort; the actor is killed anyway
         pass
     ray.kill(actor)
 
 
-def _close(closers: list) -> None:
+def close_all(closers: list) -> None:
     for close in reversed(closers):
         close()

@@ -60,6 +60,7 @@ from polyrl.train.monitor import RewardMonitor
 from polyrl.train.run_dir import RunDir
 from polyrl.train.setup import build_curriculum, build_domains, step_seed
 from polyrl.train.ranks import Leader, Trainer, follow, lead
+from polyrl.train.ray_trainer import RayTrainer, start_ray_trainer
 
 
 @dataclass
@@ -118,7 +119,14 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
                      cfg.trainer.kl_horizon, rate=cfg.trainer.kl_rate)
     on_flag = FlagPolicy({t.run_name: t.on_flag for t in cfg.domain_tasks()})
     uses_kl = any(s.kl_coef > 0 for s in specs.values()) or any("raise_kl" in t.on_flag.actions for t in cfg.rl_tasks)
-    trainer = lead(cfg, dp, leader, model_dir, uses_kl)  # the policy, its reference and optimizer, on every rank
+    if cfg.cluster.trainer_actors:  # in Ray actors of its own (FSDP among them)
+        if dp.world_size > 1:
+            raise RuntimeError("cluster.trainer_actors runs the trainer's ranks as Ray actors: launch one driver, "
+                               "without --nproc or torchrun")
+        trainer = start_ray_trainer(cfg, model_dir, uses_kl)
+        closing.callback(trainer.close)
+    else:  # here, and on every rank of a launch (ranks.py)
+        trainer = lead(cfg, dp, leader, model_dir, uses_kl)
     K = cfg.trainer.max_staleness
     stop = closing.enter_context(StopAtStepBoundary(log))  # Ctrl-C: end at the next step boundary
 
@@ -398,12 +406,12 @@ def trajectory_records(step: int, groups: list[Group]) -> list[dict]:
     ]
 
 
-def save_checkpoint(rd: RunDir, trainer: Trainer, model_dir: Path, name: str,
+def save_checkpoint(rd: RunDir, trainer: Trainer | RayTrainer, model_dir: Path, name: str,
                     weights: dict[str, torch.Tensor] | None = None) -> None:
     """The policy as a Hugging Face directory in the run's checkpoints (`weights`: its full
     weights when the caller already has them; gathering them is a collective)."""
     weights = trainer.weights() if weights is None else weights
     target = rd.checkpoint_dir(name)
     target.mkdir(parents=True, exist_ok=True)
-    save_weights(weights, trainer.policy.cfg, target)
+    save_weights(weights, trainer.model_cfg, target)
     rd.copy_tokenizer(model_dir, target)

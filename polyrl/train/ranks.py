@@ -80,6 +80,8 @@ class Trainer:
                  leader: Leader | None = None) -> None:
         policy, self.tokenizer = load_policy(model_dir, cfg.model.dtype)
         self.cfg, self.dp, self.leader = cfg, dp, leader
+        self.model_cfg = policy.cfg
+        """the policy's architecture (a checkpoint's config.json)"""
         self.ref = dp.wrap(copy.deepcopy(policy).eval().requires_grad_(False)) if uses_kl else None
         self.policy = dp.wrap(policy)  # on trainer.device
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.trainer.lr, betas=(0.9, 0.99),
