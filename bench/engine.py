@@ -1,6 +1,6 @@
 """Rollout engine throughput: polyrl's paged engine vs Hugging Face generate vs vLLM CPU.
 
-    python bench/engine.py [--repeats 3] [--threads 2] [--models tiny,90m] [--skip-trl]
+    python bench/engine.py [--repeats 3] [--threads 2] [--models tiny,90m] [--skip-trl] [--one-thread-kernels]
 
 The vLLM and TRL peers run in their own environment, `.venv-vllm` at the repository root,
 made once with:
@@ -156,6 +156,8 @@ def main() -> None:
     ap.add_argument("--skip-trl", action="store_true")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--workdir", default="/tmp/polyrl-bench")
+    ap.add_argument("--one-thread-kernels", action="store_true", help="build the C kernels without OpenMP, so "
+                    "their per-row kernels run on one thread (the A/B of the threaded rows)")
     ap.add_argument("--worker", choices=["vllm", "trl", "hf"], help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     ap.add_argument("--prompts-file", help=argparse.SUPPRESS)
@@ -172,6 +174,10 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
+    if args.one_thread_kernels:
+        from polyrl.engine.runner import cpu_kernels
+
+        cpu_kernels.OPENMP = (["-fopenmp-simd"],)
     from bench.engine_parts import (grpo_workload, machine_bound, make_model_dir, median_table, rl_step_vs_trl,
                                     throughput)
 
