@@ -1,7 +1,7 @@
 """The pipeline's speed-up: the quickstart synchronous (K = 0) against K = 1, 2, 4, and local
 threads against Ray actors.
 
-    python bench/pipeline.py [--steps 120] [--seeds 0 1 2] [--ks 0 1 2 4] [--ray-ks 0 1]
+    python bench/pipeline.py [--steps 120] [--seeds 0 1 2] [--ks 0 1 2 4] [--ray-ks 0 1] [--ray-trainer-ks 0 1]
 
 Each arm is the built-in quickstart (polyrl/configs/quickstart.yaml: four domains, 16
 prompts x 8 samples a step, two engine workers) with `trainer.max_staleness: K`, the same
@@ -22,7 +22,8 @@ Then the table of medians over seeds, with each arm's throughput ratio to K = 0,
 phase times `bench/pipeline_model.py --measured` takes to calibrate its model.
 The Ray arms (`--ray-ks`) run the same run with cluster.backend: ray on a local Ray
 cluster started by the run (rollout and reward roles as actors): steps per minute beside
-the local backend's.
+the local backend's; the `--ray-trainer-ks` arms also move the trainer into an actor
+(cluster.trainer_actors: 1), so that each role has a process of its own.
 
 Not covered: more than one machine (the model predicts it), GPUs.
 """
@@ -53,7 +54,7 @@ if arm.get("threads"):
 cfg = default_config()
 trainer = cfg.trainer.model_copy(update={"steps": arm["steps"], "max_minutes": None, "max_staleness": arm["k"],
                                          "checkpoint_every": 10**6})
-cluster = cfg.cluster.model_copy(update={"backend": arm["backend"]})
+cluster = cfg.cluster.model_copy(update={"backend": arm["backend"], "trainer_actors": arm.get("trainer_actors", 0)})
 ev = cfg.eval.model_copy(update={"every": arm["eval_every"]})
 engine = cfg.engine
 if arm.get("workers"):
@@ -66,9 +67,10 @@ print(json.dumps({"train_seconds": res.train_seconds, "steps": res.steps_done}))
 
 def run_arm(k: int, seed: int, steps: int, eval_every: int, backend: str, work: Path, workers: int = 0,
             threads: int = 0) -> dict:
+    trainer_actors = 1 if backend == "ray-trainer" else 0
     run_dir = work / f"{backend}-k{k}-w{workers}-t{threads}-s{seed}"
-    arm = {"k": k, "seed": seed, "steps": steps, "eval_every": eval_every, "backend": backend,
-           "run_dir": str(run_dir), "workers": workers, "threads": threads}
+    arm = {"k": k, "seed": seed, "steps": steps, "eval_every": eval_every, "backend": backend.removesuffix("-trainer"),
+           "run_dir": str(run_dir), "workers": workers, "threads": threads, "trainer_actors": trainer_actors}
     start, cpu0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(arm)], cwd=ROOT, capture_output=True, text=True,
                          env={**os.environ, "RAY_AUTH_MODE": "disabled"})
@@ -121,6 +123,8 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--ks", type=int, nargs="*", default=[0, 1, 2, 4])
     p.add_argument("--ray-ks", type=int, nargs="*", default=[0, 1], help="arms on the Ray backend (first seed only)")
+    p.add_argument("--ray-trainer-ks", type=int, nargs="*", default=[],
+                   help="arms on the Ray backend with the trainer as an actor too (cluster.trainer_actors: 1; first seed only)")
     p.add_argument("--split", nargs="*", default=[], metavar="K:WORKERS:THREADS",
                    help="extra local arms with the cores split: engine workers and the trainer's torch threads")
     p.add_argument("--json", help="write every arm's figures here")
@@ -131,6 +135,7 @@ def main() -> None:
         for seed in args.seeds:
             arms = [("local", k, 0, 0) for k in args.ks] + [("local", *map(int, x.split(":"))) for x in args.split]
             arms += [("ray", k, 0, 0) for k in args.ray_ks if seed == args.seeds[0]]
+            arms += [("ray-trainer", k, 0, 0) for k in args.ray_trainer_ks if seed == args.seeds[0]]
             for backend, k, workers, threads in arms:
                 r = run_arm(k, seed, args.steps, args.eval_every, backend, Path(tmp), workers, threads)
                 name = f"{backend} K={k}" + (f" w{workers}t{threads}" if workers or threads else "")
