@@ -33,6 +33,16 @@ class Roles:
             close()
 
 
+def one_thread_roles(cfg: RunConfig) -> tuple[str, ...]:
+    """The roles whose threads beside the trainer need no OpenMP team of their own
+    (stream.py, openmp.py): those whose heavy work runs elsewhere. The reward role's work is
+    in sandboxes and small reward-model passes; the rollout role's, in engine worker
+    processes, vLLM or Ray actors, unless its engine decodes in the role's own thread
+    (the native engine with one worker, on the local backend), which keeps torch's threads."""
+    decodes_here = cfg.cluster.backend != "ray" and cfg.engine.backend == "native" and cfg.engine.native.workers == 1
+    return ("reward",) if decodes_here else ("rollout", "reward")
+
+
 def start_roles(cfg: RunConfig, model_dir: Path, heldout: Mapping[str, list[Task]], executions: Path | None) -> Roles:
     if cfg.cluster.backend == "ray":
         from polyrl.pipeline.ray_roles import start_ray_roles

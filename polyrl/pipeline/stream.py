@@ -11,6 +11,10 @@ in the order their tickets went in, so a run is the same whatever the timing. Th
 between the roles hold at most `depth` items each; a role that waits, for work or for
 room, counts that time as idle (`idle_seconds`). A role that fails stops the stream: its
 exception is raised by the trainer's next `next()`.
+
+A role whose heavy work runs elsewhere has its thread's torch kernels held to one OpenMP
+thread (`one_thread`, backend.one_thread_roles): a second OpenMP team in the process would
+slow every kernel of the trainer's update (openmp.py says why).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from polyrl.pipeline.openmp import one_thread_here
 from polyrl.pipeline.roles import EvalBatch, RolloutBatch, Ticket
 
 _POLL = 0.05
@@ -37,8 +42,11 @@ _DONE = object()
 
 
 class Stream:
-    def __init__(self, rollout: Any, reward: Any, depth: int) -> None:
+    def __init__(self, rollout: Any, reward: Any, depth: int, one_thread: tuple[str, ...] = ()) -> None:
+        """one_thread: the roles ("rollout", "reward") whose threads run torch's kernels on one
+        OpenMP thread (openmp.py): those whose heavy work happens elsewhere."""
         self.rollout, self.reward = rollout, reward
+        self.one_thread = one_thread
         self.tickets: queue.Queue = queue.Queue()
         self.rolled: queue.Queue = queue.Queue(maxsize=depth)
         self.scored: queue.Queue = queue.Queue(maxsize=depth)
@@ -76,6 +84,8 @@ class Stream:
     # ---- the roles' threads
 
     def _rollout_loop(self) -> None:
+        if "rollout" in self.one_thread:
+            one_thread_here()
         while True:
             ticket = self._get(self.tickets, "rollout")
             if ticket is _DONE or ticket is None:
@@ -89,6 +99,8 @@ class Stream:
                     return
 
     def _reward_loop(self) -> None:
+        if "reward" in self.one_thread:
+            one_thread_here()
         while True:
             item = self._get(self.rolled, "reward")
             if item is _DONE or item is None or isinstance(item, _Failed):

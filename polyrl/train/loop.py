@@ -42,7 +42,7 @@ from polyrl.config import RunConfig
 from polyrl.models.hf_io import save_weights
 from polyrl.models.loading import resolve_model_dir
 from polyrl.obs.records import PHASE, ObsRecord, Recorder, Tee, stamped
-from polyrl.pipeline.backend import start_roles
+from polyrl.pipeline.backend import one_thread_roles, start_roles
 from polyrl.pipeline.roles import EvalBatch, RolloutBatch, Ticket
 from polyrl.pipeline.staleness import staleness_stats
 from polyrl.pipeline.stream import InlineStream, Stream
@@ -166,7 +166,10 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
     closing.callback(display.close)
     monitor = RewardMonitor()  # suspicious reward patterns -> RUN_DIR/flags.jsonl (train/monitor.py)
     monitor.load_state_dict(state.get("monitor") if state else None)
-    stream = (InlineStream if cfg.cluster.backend == "inline" else Stream)(roles.rollout, roles.reward, depth=K + 1)
+    if cfg.cluster.backend == "inline":
+        stream = InlineStream(roles.rollout, roles.reward, depth=K + 1)
+    else:
+        stream = Stream(roles.rollout, roles.reward, depth=K + 1, one_thread=one_thread_roles(cfg))
     closing.callback(stream.close)
     admitted: dict[int, tuple] = {}  # step -> the shares its rollout drew with (the metrics line names them)
     sparse = len(specs) > cfg.trainer.prompts_per_step  # more domains than a batch holds: reasons only when changed
