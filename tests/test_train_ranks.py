@@ -161,3 +161,34 @@ def test_a_run_resumes_only_with_the_world_size_it_was_saved_with(runs, tmp_path
     launch(tmp, "worker.py", str(run_file), str(tmp_path / "stopped"), "0", "1")
     with pytest.raises(RuntimeError, match="saved by 2 trainer process"):
         train(load_config_text(run_file.read_text()), tmp_path / "stopped", resume=True, log=lambda *_: None)
+
+
+def test_a_rank_0_refusal_ends_the_other_ranks(runs):
+    """Rank 0 refuses a run directory that holds a run (exit 2) before any collective; rank 1,
+    already waiting for the group, is ended, and the command exits with rank 0's status."""
+    tmp = runs["tmp"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    again = subprocess.run([sys.executable, "-m", "polyrl.cli", "train", str(tmp / "cli.yaml"), "--nproc", "2",
+                            "--run-dir", str(tmp / "cli")], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 2, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "already holds a run" in again.stderr
+
+
+RANK_SCRIPT = """
+import os, sys, time
+rank = int(os.environ["RANK"])
+assert os.environ["WORLD_SIZE"] == "3" and os.environ["MASTER_ADDR"] == "127.0.0.1" and os.environ["MASTER_PORT"]
+if sys.argv[1] == "fail" and rank == 2:
+    sys.exit(3)
+if sys.argv[1] == "fail":
+    time.sleep(600)  # waits on a peer that is gone, until ended
+sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize("mode, code", [("ok", 0), ("fail", 3)])
+def test_run_ranks_waits_for_all_and_ends_them_on_a_failure(mode, code):
+    from polyrl.train.launch import run_ranks
+
+    assert run_ranks([sys.executable, "-c", RANK_SCRIPT, mode], 3, poll_s=0.05) == code

@@ -10,21 +10,22 @@ what to do with the directory), 1 the disk filled up (the run stopped after its 
 step: free space and `--resume`), 130 Ctrl-C (the same: `--resume` continues it). Any other
 failure writes its traceback into the run directory.
 
-`--nproc N` trains on N processes: the command runs itself again under torch's launcher
-(`python -m torch.distributed.run --standalone --nproc-per-node N -m polyrl.cli train ...`,
-what `torchrun` runs), and the trainer's ranks share each update (train/ranks.py). Under
-a launcher (RANK set) every rank runs this same command; only rank 0 checks and writes
-the run directory and its report.
+`--nproc N` trains on N processes: the command runs itself again N times with the
+environment torchrun sets (train/launch.py), and the trainer's ranks share each update
+(train/ranks.py). Under a launcher (RANK set: this one, or `torchrun --nproc-per-node N -m
+polyrl.cli train ...`) every rank runs this same command; only rank 0 checks and writes the
+run directory and its report, and its exit status is the command's.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from polyrl.train.launch import run_ranks
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -123,7 +124,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    """This command again on args.nproc processes under torch's launcher; its exit status."""
+    """This command again on args.nproc processes (train/launch.py); rank 0's exit status."""
     run_dir = args.resume or args.run_dir
     if not args.resume and not run_dir:  # one name for every rank (rank 0 alone writes it)
         from polyrl.config import ConfigError, default_config, load_config
@@ -134,18 +135,12 @@ def _launch(args: argparse.Namespace) -> int:
             print(f"polyrl train: invalid run file\n{err}", file=sys.stderr)
             return 2
         run_dir = cfg.run_dir or f"runs/{cfg.name or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-               "-m", "polyrl.cli", "train"]
+    command = [sys.executable, "-m", "polyrl.cli", "train"]
     command += ["--resume", str(args.resume)] if args.resume else [*([args.run_file] if args.run_file else []),
                                                                      "--run-dir", str(run_dir)]
     command += ["--ray", args.ray] if args.ray is not None else []
     command += ["--otel-endpoint", args.otel_endpoint] if getattr(args, "otel_endpoint", None) else []
-    threads = max(1, (os.cpu_count() or 1) // args.nproc)  # the launcher would set 1
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(threads))}
-    try:
-        return subprocess.run(command, env=env).returncode
-    except KeyboardInterrupt:  # the launcher passes Ctrl-C on to the ranks; rank 0 ends at a step boundary
-        return 130
+    return run_ranks(command, args.nproc)
 
 
 def _follow(args: argparse.Namespace) -> int:

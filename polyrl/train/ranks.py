@@ -2,8 +2,8 @@
 
 One process (WORLD_SIZE unset or 1) is the common case, and nothing here communicates
 then. Launched on N processes, every process runs the same `polyrl train` command
-(`torchrun --nproc-per-node N -m polyrl.cli train RUN.yaml`, or `polyrl train RUN.yaml
---nproc N`, which starts that launcher itself), joins one process group (gloo on CPU,
+(`polyrl train RUN.yaml --nproc N`, which starts them: launch.py; or `torchrun
+--nproc-per-node N -m polyrl.cli train RUN.yaml`), joins one process group (gloo on CPU,
 nccl on CUDA: distributed.py) and holds a shard of the policy (FSDP2). Rank 0 alone opens
 the run directory, runs the rollout and reward roles, evaluates, and writes metrics,
 checkpoints and state.
@@ -18,7 +18,7 @@ same call on its own `Trainer`. The loop's control flow (dropped groups, flags,
 evaluations, when to checkpoint) thus stays on rank 0, and no rank ever waits on a
 collective that rank 0 will not make.
 
-Endings: the other ranks ignore Ctrl-C (a launcher passes it to every rank; rank 0 ends
+Endings: the other ranks ignore Ctrl-C (it reaches every rank at once; rank 0 ends
 the run at the next step boundary, which still needs them). Rank 0 sends a last command
 on every way out (`Leader.stop`, an ExitStack callback), errors included, except in the
 middle of a collective, where the other ranks are inside a call that a broadcast would
