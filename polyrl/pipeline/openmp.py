@@ -20,11 +20,10 @@ none is found the call does nothing and says so.
 from __future__ import annotations
 
 import ctypes
+import functools
 from pathlib import Path
 
 RUNTIMES = ("libgomp.so.1", "libgomp.so", "libiomp5.so", "libomp.so", "libomp.dylib", "libiomp5.dylib")
-
-_runtime: ctypes.CDLL | None | bool = False  # False: not looked for yet
 
 
 def one_thread_here() -> bool:
@@ -32,7 +31,7 @@ def one_thread_here() -> bool:
     an OpenMP runtime was found to tell."""
     import torch
 
-    lib = _find()
+    lib = _runtime()
     if lib is None:
         return False
     torch.get_num_threads()  # torch's own set-up of this thread first: it would overwrite ours later
@@ -40,20 +39,18 @@ def one_thread_here() -> bool:
     return True
 
 
-def _find() -> ctypes.CDLL | None:
-    global _runtime
-    if _runtime is False:
-        import torch
+@functools.cache
+def _runtime() -> ctypes.CDLL | None:
+    """The OpenMP runtime torch loaded, or None."""
+    import torch
 
-        _runtime = None
-        for name in RUNTIMES:
-            path = Path(torch.__file__).parent / "lib" / name
-            if path.exists():
-                try:
-                    lib = ctypes.CDLL(str(path))
-                    lib.omp_set_num_threads.argtypes = [ctypes.c_int]
-                except (OSError, AttributeError):
-                    continue
-                _runtime = lib
-                break
-    return _runtime
+    for name in RUNTIMES:
+        path = Path(torch.__file__).parent / "lib" / name
+        if path.exists():
+            try:
+                lib = ctypes.CDLL(str(path))
+                lib.omp_set_num_threads.argtypes = [ctypes.c_int]
+            except (OSError, AttributeError):
+                continue
+            return lib
+    return None

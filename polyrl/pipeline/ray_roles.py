@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from polyrl.config import RunConfig
-from polyrl.pipeline.cluster import RoleResources
 from polyrl.pipeline.backend import Roles
+from polyrl.pipeline.cluster import RoleResources
 from polyrl.pipeline.roles import EvalBatch, RewardRole, RolloutBatch, RolloutRole, Ticket, merge_shards
 from polyrl.types import Task
 

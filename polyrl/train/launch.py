@@ -29,7 +29,7 @@ GRACE_S = 60.0
 
 def run_ranks(command: list[str], n: int, poll_s: float = 0.2) -> int:
     """`command` on n ranks, until all have ended; the first failing rank's exit status, else rank 0's."""
-    port = _free_port()
+    port = free_port()
     threads = os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
     procs = [subprocess.Popen(command, env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(n),
                                             "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1",
@@ -55,7 +55,8 @@ def run_ranks(command: list[str], n: int, poll_s: float = 0.2) -> int:
     return code if code >= 0 else 128 - code  # killed by signal s: 128 + s, as a shell reports it
 
 
-def _free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port on `host` that nothing listens on now ("": every interface)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]

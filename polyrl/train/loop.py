@@ -286,7 +286,7 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
         rd.append(rd.trajectories, trajectory_records(step, groups))
         rd.append(rd.flags, flags)
         if (step + 1) % cfg.trainer.checkpoint_every == 0:
-            save_checkpoint(rd, trainer, model_dir, f"step-{step + 1:06d}")
+            save_checkpoint(rd, trainer, model_dir, f"step-{step + 1:06d}", new_weights)
         rd.save_state({"step": step + 1, "clock": clock, "rollout_tokens": rollout_tokens, "policy_version": version,
                        **trainer.state(),
                        "curriculum": curriculum.state_dict() if curriculum else None, "kl": kl.state_dict(),

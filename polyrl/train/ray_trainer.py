@@ -18,12 +18,12 @@ the NCCL broadcast of ray_roles.py's docstring would skip that hop: not built he
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
 from polyrl.config import RunConfig
 from polyrl.pipeline.ray_roles import close_actor, close_all, place
+from polyrl.train.launch import free_port
 
 
 class TrainerActor:
@@ -37,9 +37,7 @@ class TrainerActor:
         """This node's address and a free port on it (asked of rank 0: the group's rendezvous)."""
         import ray
 
-        with socket.socket() as s:
-            s.bind(("", 0))
-            return ray.util.get_node_ip_address(), s.getsockname()[1]
+        return ray.util.get_node_ip_address(), free_port("")
 
     def start(self, master_addr: str, master_port: int) -> None:
         import torch
