@@ -7,9 +7,9 @@ scoring with a reward model), it gets a second team, and the process then holds 
 OpenMP threads than cores. libgomp reacts to that by having its idle threads sleep almost
 at once instead of spinning between parallel regions, so every small kernel of the
 trainer's update then waits for a sleeping thread to wake. On the 2-core machine the
-quickstart's update took 0.65 to 0.88 s a step with the roles in threads, against 0.37 to
-0.47 s with them inline in the trainer's thread, and 0.42 s with the role threads held to
-one OpenMP thread (BENCHMARKS.md, the pipeline).
+quickstart's update took 0.875 s a step with the roles in threads, 0.487 s with the role
+threads held to one OpenMP thread, and 0.486 s with the roles inline in the trainer's
+thread (bench/role_threads.py; BENCHMARKS.md, the pipeline).
 
 `omp_set_num_threads` sets the calling thread's own default (an OpenMP internal control
 variable per thread), so the trainer's thread keeps its own. The OpenMP runtime is the one
