@@ -16,12 +16,15 @@ import uuid
 
 import pytest
 
+from polyrl.agent.call_format import format_answer, format_call
 from polyrl.agent.loop import AgentConfig, ModelSlot, run_agent
 from polyrl.agent.tool_host import SandboxedToolBox, ToolHostSettings, factory_name, isolated
 from polyrl.agent.tools import ToolBox, ToolCall
 from polyrl.config import load_config_text
 from polyrl.domains.agent import AgentDomain
+from polyrl.domains.ops import OpsDomain
 from polyrl.engine.base import SamplingParams
+from polyrl.rewards.world_state import gold_state
 from polyrl.rollout.episodes import rollout_episodes
 from polyrl.sandbox import session as session_module
 from polyrl.sandbox.session import close_zygotes, zygote_processes
@@ -329,6 +332,29 @@ def test_agent_domain_outcomes_are_identical_in_process_and_in_the_host(sandbox)
     assert [(r.outcome.content, r.outcome.error_type) for r in remote.tool_results] == \
         [(r.outcome.content, r.outcome.error_type) for r in local.tool_results]
     assert remote.transcript.full_messages() == local.transcript.full_messages()
+
+
+@pytest.mark.parametrize("sandbox", MODES)
+def test_a_stateful_worlds_state_comes_back_from_the_host(sandbox):
+    task = OpsDomain(levels=(2,)).sample("train", 1, seed=0)[0]
+    calls = [format_call(c["name"], c["arguments"]) for c in task.data["reference_calls"]] + [format_answer("done")]
+    fresh = OpsDomain.toolbox(task).state()
+    tools_for = isolated(OpsDomain.toolbox, settings(sandbox))
+    results = []
+    for tools in (OpsDomain.toolbox(task), tools_for(task)):
+        with tools:
+            assert tools.state() == fresh  # before any call (and no host started for it)
+            results.append(run_agent(task.prompt, tools, [ModelSlot(ScriptedModel(calls))], AgentConfig(max_steps=200)))
+    local, remote = results
+    assert remote.world == local.world == gold_state(task) != fresh
+    assert remote.outcome == local.outcome
+
+    killed = tools_for(task)  # a host that was stopped took the episode's changes with it
+    with killed:
+        run(killed, task.data["reference_calls"][0]["name"], **task.data["reference_calls"][0]["arguments"])
+        assert killed.state() is not None
+        killed.close()
+        assert killed.state() is None
 
 
 # ---------------------------------------------------------------- the run file

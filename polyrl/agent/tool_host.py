@@ -12,7 +12,9 @@ data; never its answer) and every call travels as one JSON line each way.
 
 Lifetime. The host starts on the episode's first call (an episode that calls no tool
 starts nothing) and keeps its ToolBox, so a stateful world's state persists between the
-episode's calls and never reaches another episode. `close()` ends it; the rollout closes
+episode's calls and never reaches another episode. `state()` asks the host for the world's
+state (the episode's outcome carries it); a host that was killed took its state with it, so
+the episode then reports none. `close()` ends it; the rollout closes
 each episode's tools when the episode ends, and a host still running when its
 SandboxedToolBox is garbage-collected or the interpreter exits is ended then.
 
@@ -56,6 +58,8 @@ from polyrl.types import Task
 SERVER = "polyrl.agent.tool_server"
 _REPLY_SLACK = 64 << 10
 """JSON escaping may grow a reply (\\u escapes): the host accepts 6x output_bytes plus this."""
+_STATE_BYTES = 16 << 20
+"""Largest state reply the host accepts: a world's state is the trainer's own data, not a tool's output."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,7 @@ class SandboxedToolBox(ToolBox):
         """`declared`: the tools as the model sees them (their functions are never called
         here); `factory(task)` builds the same tools inside the host."""
         super().__init__([Tool(t.name, t.description, t.parameters, _declared_only(t.name)) for t in declared])
+        self._fresh_state = declared.state if isinstance(declared, ToolBox) else (lambda: None)
         self.factory, self.settings = factory, settings
         self.task = {"id": task.id, "domain": task.domain, "prompt": task.prompt, "split": task.split,
                      "difficulty": task.difficulty, "data": task.data}
@@ -156,6 +161,24 @@ class SandboxedToolBox(ToolBox):
             outcome = ToolOutcome(f"Error: {self.stopped}", "tool_host_error")
         outcome.latency_s = time.perf_counter() - start
         return outcome
+
+    def state(self) -> dict[str, Any] | None:
+        """The world's state now, as JSON: the host's once it started; before the first call,
+        the declared tools' (a world no call has changed yet); None once the host is gone
+        (what the episode changed went with it) or when the host cannot say."""
+        if self.session is None:  # no call started a host: the world is as the task built it
+            return self._fresh_state()
+        if self.stopped is not None:
+            return None
+        reply = self.session.exchange(b'{"state": true}', self.settings.timeout_s, _STATE_BYTES)
+        if reply.status != "ok":
+            self._stop(f"the tool host did not report its state: {reply.message or reply.status}")
+            return None
+        try:
+            answer = json.loads(reply.line)
+        except ValueError:
+            return None
+        return answer.get("state") if isinstance(answer, dict) else None
 
     def close(self) -> None:
         """End the host (idempotent); later calls fail as "tool_host_stopped"."""

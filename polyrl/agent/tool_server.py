@@ -6,6 +6,9 @@ first tool call. It reads JSON lines on stdin and answers each with one JSON lin
     {"factory": "pkg.mod:Class.fn", "task": {...}, "output_bytes": N}
         -> {"tools": [names]}        the episode's ToolBox, built by the factory from the task
         -> {"error": "..."}          the factory could not be imported or failed
+    {"state": true}
+        -> {"state": {...} | null}   ToolBox.state(): the world as it is now
+        -> {"error": "..."}          the state function failed, or its state is not JSON
     {"id", "name", "arguments", "error"}   one ToolCall
         -> {"content", "error_type", "total_bytes"}   ToolBox.run's outcome, its content cut
                                                       to output_bytes (UTF-8) when longer
@@ -69,6 +72,9 @@ def serve(requests, reply) -> None:
             tools, limit = built, int(message["output_bytes"])
             reply({"tools": list(tools.tools)})
             continue
+        if message.get("state"):
+            reply(_state_of(tools))
+            continue
         call = ToolCall(str(message.get("id", "")), message.get("name"), message.get("arguments") or {},
                         error=message.get("error"))
         try:
@@ -77,6 +83,17 @@ def serve(requests, reply) -> None:
             outcome = ToolOutcome(f"Error: {type(err).__name__}: {err}", type(err).__name__)
         content, size = cut(outcome.content, limit)
         reply({"content": content, "error_type": outcome.error_type, "total_bytes": size})
+
+
+def _state_of(tools: Any) -> dict:
+    """The reply to a state request: {"state": ToolBox.state()}, or {"error": why} when the
+    world's state function fails or its state is not JSON."""
+    try:
+        state = tools.state()
+        json.dumps(state)
+    except BaseException as err:  # noqa: BLE001 -- reported to the host, which reports no state
+        return {"error": f"the world's state is unavailable: {type(err).__name__}: {err}"}
+    return {"state": state}
 
 
 def main() -> None:
