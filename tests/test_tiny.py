@@ -1,13 +1,16 @@
 """The tiny base model recipe, on a micro budget: files, caching, noise, HF loadability."""
 
 import json
+import math
 import random
 
 import pytest
+import torch
 
-from polyrl.domains.math import MathDomain
 from polyrl.builtin import tiny
 from polyrl.builtin.tiny import TinyRecipe, ensure_tiny_model, noisy_demonstration, recipe_hash
+from polyrl.domains.math import MathDomain
+from polyrl.models.attention import DocumentCausalAttention
 
 MICRO = TinyRecipe(hidden_size=32, num_heads=2, num_kv_heads=1, intermediate_size=64, num_layers=1,
                    steps=3, batch_size=8, warmup=1, vocab_size=300)
@@ -26,6 +29,27 @@ def test_build_cache_and_reuse(tmp_path, monkeypatch):
 
     monkeypatch.setattr(tiny, "build_tiny_model", fail)
     assert ensure_tiny_model(MICRO, log=lambda *_: None) == path
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_products_run_in_bfloat16_only_where_the_cpu_has_it(tmp_path, monkeypatch, native):
+    monkeypatch.setenv("POLYRL_CACHE", str(tmp_path))
+    monkeypatch.setattr(tiny, "native_bf16", lambda: native)
+    card = json.loads((ensure_tiny_model(MICRO, log=lambda *_: None) / "polyrl_recipe.json").read_text())
+    assert card["products"] == ("bfloat16" if native else "float32")
+    assert math.isfinite(card["final_loss"])
+    off = TinyRecipe(**{**MICRO.__dict__, "bf16_products": False})
+    assert json.loads((ensure_tiny_model(off, log=lambda *_: None) / "polyrl_recipe.json").read_text())["products"] == "float32"
+
+
+def test_document_attention_keeps_float32_under_a_bfloat16_autocast():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 10, 8).bfloat16(), torch.randn(2, 2, 10, 8).bfloat16(), torch.randn(2, 2, 10, 8).bfloat16()
+    documents = torch.tensor([[0] * 4 + [1] * 6, [2] * 10])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        kept = DocumentCausalAttention(documents, dtype=torch.float32).attend(0, q, k, v)
+    exact = DocumentCausalAttention(documents).attend(0, q.float(), k.float(), v.float())
+    assert kept.dtype == torch.float32 and torch.equal(kept, exact)
 
 
 def test_recipe_change_changes_the_cache_key():

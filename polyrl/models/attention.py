@@ -76,15 +76,22 @@ class DocumentCausalAttention:
     the keys of its own document up to itself.
     """
 
-    def __init__(self, documents: Tensor) -> None:
+    def __init__(self, documents: Tensor, dtype: torch.dtype | None = None) -> None:
+        """`dtype`: compute attention in it whatever autocast says (float32 under a bfloat16
+        autocast keeps the softmax exact; on CPU its backward is also faster in float32)."""
         T = documents.shape[1]
         causal = torch.ones(T, T, dtype=torch.bool, device=documents.device).tril()  # (T, T)
         same = documents[:, :, None] == documents[:, None, :]  # (B, T, T)
         self.mask = (same & causal)[:, None]  # (B, 1, T, T)
+        self.dtype = dtype
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         n_rep = q.shape[1] // k.shape[1]
-        return F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), attn_mask=self.mask)
+        if self.dtype is None:
+            return F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), attn_mask=self.mask)
+        q, k, v = q.to(self.dtype), k.to(self.dtype), v.to(self.dtype)
+        with torch.autocast(q.device.type, enabled=False):
+            return F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), attn_mask=self.mask)
 
 
 class SegmentedCausalAttention:
