@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 
 import pytest
 
@@ -218,8 +219,12 @@ def test_a_run_that_breaks_midway_leaves_nothing_half_written(suite, tmp_path, m
         return real(*args, **kwargs)
 
     monkeypatch.setattr(session, "run_task", breaks_on_the_second)
+    crashes = tmp_path / "tmp"
+    crashes.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(crashes))  # the traceback's file, not the machine's /tmp
     assert main(["eval", str(suite), "--model", "builtin:tiny", "-o", str(out), "--quiet", "--id", "sum",
                  "--id", "pen"]) == 1
     assert "internal error: RuntimeError: the machine caught fire" in capsys.readouterr().err
+    assert len(list(crashes.glob("polyrl-crash-*.txt"))) == 1
     assert sorted(p.name for p in out.iterdir()) == ["results.json"]
     assert (out / "results.json").read_text() == '{"old": true}'

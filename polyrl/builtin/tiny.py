@@ -240,13 +240,18 @@ def build_tiny_model(recipe: TinyRecipe, out_dir: Path, log: Callable[[str], Non
         f"{len(examples)} demonstrations")
 
     encoded = [training_tokens(tok, messages) for messages in examples]
-    row = max(recipe.pack_length, max(len(e.token_ids) for e in encoded))
+    longest = max(len(e.token_ids) for e in encoded)
+    if longest > cfg.max_position_embeddings:
+        raise ValueError(f"a demonstration of {longest} tokens is longer than the model's "
+                         f"{cfg.max_position_embeddings} positions")
+    row = max(recipe.pack_length, longest)
     bf16 = recipe.bf16_products and native_bf16()
     log(f"  products in {'bfloat16 (AMX)' if bf16 else 'float32'}, rows of {row} tokens")
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.1)
     model.train()
     from tqdm import tqdm
 
+    sft_start = time.time()
     bar = tqdm(range(recipe.steps), desc="  base model SFT", unit="step", leave=False, disable=None)
     for step in bar:
         lr = recipe.lr * min(1.0, (step + 1) / recipe.warmup) * 0.5 * (1 + math.cos(math.pi * step / recipe.steps))
@@ -266,11 +271,12 @@ def build_tiny_model(recipe: TinyRecipe, out_dir: Path, log: Callable[[str], Non
         if bar.disable and step % 100 == 0:
             log(f"  base model SFT step {step}/{recipe.steps}, loss {loss.item():.3f}")
     bar.close()
+    sft_seconds = round(time.time() - sft_start, 1)
     model.eval()
     save_pretrained(model, cfg, out_dir)
     card = {"recipe": asdict(recipe), "parameters": n_params, "final_loss": round(loss.item(), 4),
             "products": "bfloat16" if bf16 else "float32",
-            "build_seconds": round(time.time() - start, 1),
+            "build_seconds": round(time.time() - start, 1), "sft_seconds": sft_seconds,
             "trained_on": "demonstrations of the built-in math, code, agent and alignment domains' train splits from a "
                           "noisy teacher (see polyrl/builtin/tiny.py)"}
     (out_dir / "polyrl_recipe.json").write_text(json.dumps(card, indent=2))

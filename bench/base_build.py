@@ -1,0 +1,69 @@
+"""The tiny base model's supervised fine-tuning, before and after the build's speed-up, in one script.
+
+    python bench/base_build.py [--steps 150] [--repeats 2]
+
+Each arm builds the built-in tiny model's recipe (polyrl/builtin/tiny.py) cut to `--steps`
+optimizer steps, in a fresh process with an empty cache, and reads the SFT seconds from the
+model card (`sft_seconds`: the optimizer steps only, without the data, tokenizer and
+encoding). Arms, interleaved repeat by repeat:
+
+- "before": rows of 512 tokens, float32 products (the recipe up to 2026-12-06);
+- "rows 256": rows of 256 tokens, float32 products;
+- "after": rows of 256 tokens, bfloat16 products where the CPU has AMX (today's recipe).
+
+Every arm trains on the same demonstrations in the same order; only the row length and
+the products' dtype differ. Seconds per step are projected to the full recipe's 1,000 steps.
+Not covered: the data preparation (the same in every arm), the reward models, other machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CHILD = r"""
+import json, sys, tempfile
+from pathlib import Path
+from polyrl.builtin.tiny import TinyRecipe, build_tiny_model
+pack_length, bf16, steps = int(sys.argv[1]), sys.argv[2] == "1", int(sys.argv[3])
+out = Path(tempfile.mkdtemp(prefix="polyrl-base-build-"))
+build_tiny_model(TinyRecipe(steps=steps, pack_length=pack_length, bf16_products=bf16), out, log=lambda s: None)
+card = json.loads((out / "polyrl_recipe.json").read_text())
+print(json.dumps({"sft_seconds": card["sft_seconds"], "products": card["products"], "final_loss": card["final_loss"]}))
+"""
+
+ARMS = {"before": (512, False), "rows 256": (256, False), "after": (256, True)}
+FULL_STEPS = 1000
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--repeats", type=int, default=2)
+    args = p.parse_args()
+    per_step: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    for repeat in range(args.repeats):
+        for arm, (pack_length, bf16) in ARMS.items():
+            out = subprocess.run([sys.executable, "-c", CHILD, str(pack_length), "1" if bf16 else "0", str(args.steps)],
+                                 cwd=ROOT, capture_output=True, text=True)
+            if out.returncode != 0:
+                raise SystemExit(f"arm {arm!r} failed:\n{out.stderr[-3000:]}")
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            per_step[arm].append(r["sft_seconds"] / args.steps)
+            print(f"repeat {repeat} {arm:9s} {r['sft_seconds']:6.1f} s for {args.steps} steps "
+                  f"({per_step[arm][-1]:.3f} s a step, products {r['products']}, loss {r['final_loss']})", flush=True)
+    before = statistics.median(per_step["before"])
+    print(f"\nmedians over {args.repeats} repeats; projected to the recipe's {FULL_STEPS} steps")
+    for arm, xs in per_step.items():
+        m = statistics.median(xs)
+        print(f"{arm:9s} {m:.3f} s a step, {m * FULL_STEPS:5.0f} s of SFT ({before / m:.2f}x before)")
+
+
+if __name__ == "__main__":
+    main()
