@@ -52,6 +52,13 @@ def test_document_attention_keeps_float32_under_a_bfloat16_autocast():
     assert kept.dtype == torch.float32 and torch.equal(kept, exact)
 
 
+def test_a_demonstration_longer_than_the_models_positions_is_refused(tmp_path, monkeypatch):
+    long = [{"role": "user", "content": "What is 1 + 1?"}, {"role": "assistant", "content": "1 " * 600}]
+    monkeypatch.setattr(tiny, "sft_examples", lambda recipe, n: [long] * n)
+    with pytest.raises(ValueError, match="longer than the model's 512 positions"):
+        tiny.build_tiny_model(MICRO, tmp_path, log=lambda *_: None)
+
+
 def test_recipe_change_changes_the_cache_key():
     assert recipe_hash(MICRO) != recipe_hash(TinyRecipe(**{**MICRO.__dict__, "seed": 1}))
 
