@@ -1,7 +1,9 @@
-"""The tiny base model's supervised fine-tuning, before and after the build's speed-up, in one script.
+"""The first run's model builds, before and after their speed-ups, in one script.
 
     python bench/base_build.py [--steps 150] [--repeats 2]
+    python bench/base_build.py --reward-models [--repeats 2]
 
+The base model (default):
 Each arm builds the built-in tiny model's recipe (polyrl/builtin/tiny.py) cut to `--steps`
 optimizer steps, in a fresh process with an empty cache, and reads the SFT seconds from the
 model card (`sft_seconds`: the optimizer steps only, without the data, tokenizer and
@@ -13,7 +15,12 @@ encoding). Arms, interleaved repeat by repeat:
 
 Every arm trains on the same demonstrations in the same order; only the row length and
 the products' dtype differ. Seconds per step are projected to the full recipe's 1,000 steps.
-Not covered: the data preparation (the same in every arm), the reward models, other machines.
+Not covered: the data preparation (the same in every arm), other machines.
+
+The reward models (--reward-models): the three members of the built-in ensemble
+(polyrl/builtin/tiny_rm.py), built into an empty directory one after another in this
+process ("before") and side by side, one process each ("after"); wall seconds, interleaved.
+The members' weights are the same either way (tests/test_tiny_rm.py).
 """
 
 from __future__ import annotations
@@ -42,11 +49,33 @@ ARMS = {"before": (512, False), "rows 256": (256, False), "after": (256, True)}
 FULL_STEPS = 1000
 
 
+def reward_models(repeats: int) -> None:
+    import tempfile
+    import time
+
+    from polyrl.builtin import tiny_rm
+
+    seconds: dict[str, list[float]] = {"before": [], "after": []}
+    for repeat in range(repeats):
+        for arm in seconds:
+            tiny_rm.PARALLEL_PAIRS = 10**9 if arm == "before" else 1000
+            start = time.perf_counter()
+            tiny_rm.ensure_tiny_reward_models(log=lambda s: None, root=Path(tempfile.mkdtemp(prefix="polyrl-rm-")))
+            seconds[arm].append(time.perf_counter() - start)
+            print(f"repeat {repeat} {arm:6s} {seconds[arm][-1]:5.1f} s for the three reward models", flush=True)
+    before = statistics.median(seconds["before"])
+    for arm, xs in seconds.items():
+        print(f"{arm:6s} median {statistics.median(xs):5.1f} s ({before / statistics.median(xs):.2f}x before)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--reward-models", action="store_true", help="time the reward models' builds instead")
     args = p.parse_args()
+    if args.reward_models:
+        return reward_models(args.repeats)
     per_step: dict[str, list[float]] = {arm: [] for arm in ARMS}
     for repeat in range(args.repeats):
         for arm, (pack_length, bf16) in ARMS.items():

@@ -35,7 +35,10 @@ import hashlib
 import inspect
 import json
 import math
+import os
 import random
+import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -83,18 +86,73 @@ def recipe_hash(recipe: TinyRMRecipe) -> str:
     return h.hexdigest()[:12]
 
 
+PARALLEL_PAIRS = 1000
+"""A member trained on at least this many pairs takes longer to build than a process takes to
+start (the built-in recipe: 3,600 pairs, about 20 s); smaller ones build in this process."""
+
+
 def ensure_tiny_reward_models(recipe: TinyRMRecipe = TinyRMRecipe(), members: int = 3,
                               log: Callable[[str], None] = print, root: Path | None = None) -> list[Path]:
-    """Directories of `members` tiny reward models (seeds recipe.seed, +1, ...), built if needed."""
+    """Directories of `members` tiny reward models (seeds recipe.seed, +1, ...), built if needed.
+
+    Members missing from the cache build side by side, one process each, on a machine with
+    more than one core (members of fewer than PARALLEL_PAIRS pairs build here, one after
+    another). A member builds on one thread from its own seed either way, so its weights do
+    not depend on where it was built."""
     assert members >= 1
-    return [ensure_tiny_reward_model(replace(recipe, seed=recipe.seed + i), log, root) for i in range(members)]
+    recipes = [replace(recipe, seed=recipe.seed + i) for i in range(members)]
+    missing = [r for r in recipes if not (_target(r, root) / CARD_NAME).exists()]
+    if len(missing) > 1 and (os.cpu_count() or 1) > 1 and recipe.steps * recipe.batch_size >= PARALLEL_PAIRS:
+        log(f"building {len(missing)} built-in tiny reward models side by side, one process each "
+            f"(once; cached in {_target(missing[0], root).parent})")
+        for line in _build_side_by_side(missing, root):
+            log(line)
+    return [ensure_tiny_reward_model(r, log, root) for r in recipes]
+
+
+def _build_side_by_side(recipes: list[TinyRMRecipe], root: Path | None) -> list[str]:
+    """Build each recipe in a `python -c` process of its own (not multiprocessing, which would
+    import the caller's main module again in each worker); their log lines, in order.
+    RuntimeError naming the member when one fails; every process is ended either way."""
+    import polyrl
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(polyrl.__file__).resolve().parents[1])]
+                                        + [p for p in [env.get("PYTHONPATH")] if p])
+    code = "import sys; from polyrl.builtin.tiny_rm import _build_member; _build_member(sys.argv[1])"
+    procs = [subprocess.Popen([sys.executable, "-c", code, json.dumps({"recipe": asdict(r), "root": root and str(root)})],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for r in recipes]
+    try:
+        outputs = [p.communicate() for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    lines = []
+    for r, p, (out, err) in zip(recipes, procs, outputs):
+        if p.returncode != 0:
+            raise RuntimeError(f"building the tiny reward model of seed {r.seed} failed (exit {p.returncode}):\n"
+                               f"{err[-2000:]}")
+        lines += out.splitlines()
+    return lines
+
+
+def _build_member(spec: str) -> None:
+    """A worker of _build_side_by_side: build one member, its log lines on stdout."""
+    job = json.loads(spec)
+    ensure_tiny_reward_model(TinyRMRecipe(**job["recipe"]), lambda line: print(line, flush=True), job["root"])
+
+
+def _target(recipe: TinyRMRecipe, root: Path | None) -> Path:
+    return (Path(root) if root is not None else cache_dir()) / f"tiny-rm-{recipe_hash(recipe)}"
 
 
 def ensure_tiny_reward_model(recipe: TinyRMRecipe = TinyRMRecipe(), log: Callable[[str], None] = print,
                              root: Path | None = None) -> Path:
     """Path of one cached tiny reward model directory, building it first if needed (once per
     recipe). `root` overrides the cache directory."""
-    target = (Path(root) if root is not None else cache_dir()) / f"tiny-rm-{recipe_hash(recipe)}"
+    target = _target(recipe, root)
 
     def build(tmp: Path) -> None:
         log(f"building a built-in tiny reward model, seed {recipe.seed} (once; cached at {target})")
