@@ -2,6 +2,7 @@
 
     python bench/base_build.py [--steps 150] [--repeats 2]
     python bench/base_build.py --reward-models [--repeats 2]
+    python bench/base_build.py --cold
 
 The base model (default):
 Each arm builds the built-in tiny model's recipe (polyrl/builtin/tiny.py) cut to `--steps`
@@ -21,6 +22,9 @@ The reward models (--reward-models): the three members of the built-in ensemble
 (polyrl/builtin/tiny_rm.py), built into an empty directory one after another in this
 process ("before") and side by side, one process each ("after"); wall seconds, interleaved.
 The members' weights are the same either way (tests/test_tiny_rm.py).
+
+The first run (--cold): everything a first `polyrl train` builds before it trains, the base
+model then the reward models, into an empty cache directory, once; wall seconds of each.
 """
 
 from __future__ import annotations
@@ -68,12 +72,32 @@ def reward_models(repeats: int) -> None:
         print(f"{arm:6s} median {statistics.median(xs):5.1f} s ({before / statistics.median(xs):.2f}x before)")
 
 
+def cold() -> None:
+    import os
+    import tempfile
+    import time
+
+    os.environ["POLYRL_CACHE"] = tempfile.mkdtemp(prefix="polyrl-cold-")
+    from polyrl.builtin.tiny import ensure_tiny_model
+    from polyrl.builtin.tiny_rm import ensure_tiny_reward_models
+
+    start = time.perf_counter()
+    ensure_tiny_model(log=lambda s: None)
+    base = time.perf_counter() - start
+    ensure_tiny_reward_models(log=lambda s: None)
+    total = time.perf_counter() - start
+    print(f"from an empty cache: base model {base:.0f} s, reward models {total - base:.0f} s, in all {total:.0f} s")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--reward-models", action="store_true", help="time the reward models' builds instead")
+    p.add_argument("--cold", action="store_true", help="time a first run's builds from an empty cache instead")
     args = p.parse_args()
+    if args.cold:
+        return cold()
     if args.reward_models:
         return reward_models(args.repeats)
     per_step: dict[str, list[float]] = {arm: [] for arm in ARMS}
