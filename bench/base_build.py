@@ -59,10 +59,11 @@ def reward_models(repeats: int) -> None:
 
     from polyrl.builtin import tiny_rm
 
+    side_by_side = tiny_rm.PARALLEL_PAIRS
     seconds: dict[str, list[float]] = {"before": [], "after": []}
     for repeat in range(repeats):
         for arm in seconds:
-            tiny_rm.PARALLEL_PAIRS = 10**9 if arm == "before" else 1000
+            tiny_rm.PARALLEL_PAIRS = 10**9 if arm == "before" else side_by_side  # before: never a process
             start = time.perf_counter()
             tiny_rm.ensure_tiny_reward_models(log=lambda s: None, root=Path(tempfile.mkdtemp(prefix="polyrl-rm-")))
             seconds[arm].append(time.perf_counter() - start)
