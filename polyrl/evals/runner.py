@@ -200,7 +200,7 @@ def _run_single(suite_task: SuiteTask, model: ChatModel, spec: str, limits: Eval
 
 def _run_agent(suite_task: SuiteTask, model: ChatModel, spec: str, limits: EvalLimits, verifiers: Verifiers,
                trace_id: str, recorder: Recorder | None) -> TaskRun:
-    from polyrl.domains.agent import AgentDomain
+    from polyrl.domains.task_tools import task_toolbox
 
     task = suite_task.task
     tight = min(80, limits.result_chars) if limits.result_chars is not None else 80
@@ -208,7 +208,7 @@ def _run_agent(suite_task: SuiteTask, model: ChatModel, spec: str, limits: EvalL
                          result_chars=limits.result_chars, tight_result_chars=tight,
                          conclusion_tokens=limits.conclusion_tokens)
     budget = TokenBudget(limits.budget)
-    episode = agent_episode(task.prompt + limits.prompt_suffix, AgentDomain.toolbox(task), [ModelSlot(model)],
+    episode = agent_episode(task.prompt + limits.prompt_suffix, task_toolbox(task), [ModelSlot(model)],
                             config, budget, recorder, trace_id, task.id)
     try:
         request = next(episode)
