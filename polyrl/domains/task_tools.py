@@ -1,22 +1,33 @@
-"""The tools a task's episode runs with, read from the task alone (a pack line carries its world).
+"""The tools a task's episode runs with, read from the task alone (a pack line carries them).
 
-Two worlds travel inside task data under `"world"`:
-- the ops domain's stateful shop (polyrl/domains/ops_world.py), for tasks of domain `ops` or
-  graded by `world_state` (a pack may rename the domain, never the verifier);
-- the agent domain's read-only shop (polyrl/domains/agent_world.py), for any other task with
-  a world.
+Three kinds of task bring tools in their data:
+- `swe`: a repository (`files`) to inspect, edit and test, for tasks of domain `swe` or graded
+  by `swe_patch` (polyrl/domains/swe.py; its run_tests tool needs a sandbox pool);
+- `ops`: the ops domain's stateful shop (`world`), for tasks of domain `ops` or graded by
+  `world_state` (polyrl/domains/ops_world.py);
+- `agent`: the agent domain's read-only shop (`world`, polyrl/domains/agent_world.py), for any
+  other task with a world.
+Any other task is a single call. A pack may rename a task's domain, so its verifier decides
+as well as its domain.
 
-`polyrl eval` and `polyrl agent` ask here, so an `ops` pack line runs with the ops tools there
-as it does in training. A task without a world is a single call (None).
-
-Out of scope: the swe domain's tools, which need the domain's sandbox pool (its episodes run
-in training, `SweDomain.toolbox`); an swe pack line is evaluated on the patch it answers with.
+`polyrl eval` and `polyrl agent` ask here, so a pack line runs with the tools it trains with.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from polyrl.agent.tools import ToolBox
 from polyrl.types import Task
+
+
+def tools_kind(task: Task) -> str | None:
+    """"swe", "ops", "agent", or None for a task without tools (see the module docstring)."""
+    if task.domain == "swe" or task.verifier == "swe_patch":
+        return "swe"
+    if "world" not in task.data:
+        return None
+    return "ops" if graded_on_state(task) else "agent"
 
 
 def graded_on_state(task: Task) -> bool:
@@ -26,13 +37,37 @@ def graded_on_state(task: Task) -> bool:
 
 def task_toolbox(task: Task) -> ToolBox | None:
     """Fresh tools over a fresh world of `task` (one per episode), or None for a task without a
-    world. A world of the wrong shape is a ValueError naming the task."""
-    if "world" not in task.data:
-        return None
-    if graded_on_state(task):
+    world. A world of the wrong shape is a ValueError naming the task. (An swe task's tools need
+    a sandbox pool: TaskTools.)"""
+    kind = tools_kind(task)
+    if kind == "ops":
         from polyrl.domains.ops_world import toolbox_for_task
 
         return toolbox_for_task(task)
-    from polyrl.domains.agent import AgentDomain
+    if kind == "agent":
+        from polyrl.domains.agent import AgentDomain
 
-    return AgentDomain.toolbox(task)
+        return AgentDomain.toolbox(task)
+    return None
+
+
+class TaskTools:
+    """Every task's episode tools for one evaluation: swe tasks share one sandbox pool, started on
+    the first swe episode and stopped by `close`."""
+
+    def __init__(self) -> None:
+        self._swe: Any = None
+
+    def toolbox(self, task: Task) -> ToolBox | None:
+        if tools_kind(task) != "swe":
+            return task_toolbox(task)
+        if self._swe is None:
+            from polyrl.domains.swe import SweDomain
+
+            self._swe = SweDomain()
+        return self._swe.toolbox(task)
+
+    def close(self) -> None:
+        if self._swe is not None:
+            self._swe.close()
+            self._swe = None

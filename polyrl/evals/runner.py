@@ -2,10 +2,11 @@
 
     run = run_task(suite_task, adapter, limits, verifiers)
 
-- An agent task (one with a tool `world`) runs one episode of the agent loop
-  (polyrl/agent/loop.py) with a fresh world's tools, a TokenBudget when the limits set
-  one, and the limits' window, max_tokens, steps and tool-result cap. Its EpisodeOutcome
-  is graded exactly as training's rollouts are (success_minus_cost on the outcome).
+- A task with tools (a shop or ops `world`, an swe repository: polyrl/domains/task_tools.py)
+  runs one episode of the agent loop (polyrl/agent/loop.py) with fresh tools, a TokenBudget
+  when the limits set one, and the limits' window, max_tokens, steps and tool-result cap.
+  Its EpisodeOutcome is graded exactly as training's rollouts are (by the task's verifier on
+  the outcome).
 - Any other task is one call: the prompt as the only user message (the same chat prompt
   training renders, `tokenizer.chat_prompt`), graded on the completion's text by the
   task's verifier. A prompt that does not fit the window is not sent: the task fails with
@@ -38,6 +39,7 @@ from polyrl.agent.loop import AgentConfig, AgentResult, ModelSlot, agent_episode
 from polyrl.agent.model import ChatModel, ModelReply, ModelRequest, failed_reply
 from polyrl.agent.outcome import EpisodeOutcome
 from polyrl.agent.tools import ToolBox
+from polyrl.domains.task_tools import TaskTools
 from polyrl.evals.limits import EvalLimits
 from polyrl.evals.models import ModelAdapter
 from polyrl.evals.suite import SuiteTask
@@ -134,13 +136,20 @@ def resolve_window(limits: EvalLimits, adapter: ModelAdapter) -> int | None:
 
 
 def run_task(suite_task: SuiteTask, adapter: ModelAdapter, limits: EvalLimits, verifiers: Verifiers,
-             trace_id: str = "eval", recorder: Recorder | None = None) -> TaskRun:
-    """Run and grade one task on one model; see the module docstring."""
+             trace_id: str = "eval", recorder: Recorder | None = None, tools: TaskTools | None = None) -> TaskRun:
+    """Run and grade one task on one model; see the module docstring. `tools`: the run's
+    TaskTools (swe tasks share its sandbox pool); None makes and closes one for this task."""
     window = resolve_window(limits, adapter)
     model = adapter.chat_model(window)
     start = time.perf_counter()
     if suite_task.is_agent:
-        run = _run_agent(suite_task, model, adapter.spec, limits, verifiers, trace_id, recorder)
+        own = tools is None
+        tools = TaskTools() if own else tools
+        try:
+            run = _run_agent(suite_task, model, adapter.spec, limits, verifiers, tools, trace_id, recorder)
+        finally:
+            if own:
+                tools.close()
     else:
         run = _run_single(suite_task, model, adapter.spec, limits, verifiers, trace_id, recorder)
     run.latency_s = time.perf_counter() - start
@@ -199,16 +208,14 @@ def _run_single(suite_task: SuiteTask, model: ChatModel, spec: str, limits: Eval
 
 
 def _run_agent(suite_task: SuiteTask, model: ChatModel, spec: str, limits: EvalLimits, verifiers: Verifiers,
-               trace_id: str, recorder: Recorder | None) -> TaskRun:
-    from polyrl.domains.task_tools import task_toolbox
-
+               tools: TaskTools, trace_id: str, recorder: Recorder | None) -> TaskRun:
     task = suite_task.task
     tight = min(80, limits.result_chars) if limits.result_chars is not None else 80
     config = AgentConfig(max_steps=limits.max_steps, max_tokens=limits.agent_max_tokens, timeout_s=limits.timeout_s,
                          result_chars=limits.result_chars, tight_result_chars=tight,
                          conclusion_tokens=limits.conclusion_tokens)
     budget = TokenBudget(limits.budget)
-    episode = agent_episode(task.prompt + limits.prompt_suffix, task_toolbox(task), [ModelSlot(model)],
+    episode = agent_episode(task.prompt + limits.prompt_suffix, tools.toolbox(task), [ModelSlot(model)],
                             config, budget, recorder, trace_id, task.id)
     try:
         request = next(episode)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from polyrl.domains.task_tools import TaskTools
 from polyrl.evals.attribution import Attribution, attribute
 from polyrl.evals.limits import EvalLimits
 from polyrl.evals.models import ModelAdapter
@@ -40,7 +41,7 @@ class TaskRecord:
 def run_eval(suite: Suite, adapters: Sequence[ModelAdapter], limits: EvalLimits,
              progress: Progress | None = None, recorder: Recorder | None = None) -> list[TaskRecord]:
     """One TaskRecord per (model, task), models in order, tasks in suite order."""
-    verifiers = Verifiers()
+    verifiers, tools = Verifiers(), TaskTools()
     records: list[TaskRecord] = []
     total = len(adapters) * len(suite.tasks)
     try:
@@ -50,12 +51,13 @@ def run_eval(suite: Suite, adapters: Sequence[ModelAdapter], limits: EvalLimits,
                 stamp = None if recorder is None else Stamp(
                     recorder, **{R.PHASE: "eval", R.DOMAIN: suite_task.task.domain, "x.eval.model": adapter.spec})
                 rerun = None if stamp is None else Stamp(stamp, **{"x.eval.rerun": True})
-                run = run_task(suite_task, adapter, suite_task.limits(limits), verifiers, trace, stamp)
+                run = run_task(suite_task, adapter, suite_task.limits(limits), verifiers, trace, stamp, tools)
                 attribution = attribute(run, lambda lifted: run_task(suite_task, adapter, lifted, verifiers,
-                                                                     trace + "-lifted", rerun))
+                                                                     trace + "-lifted", rerun, tools))
                 records.append(TaskRecord(run, attribution))
                 if progress is not None:
                     progress(len(records), total, f"{adapter.spec} {suite_task.task.id}")
     finally:
         verifiers.close()
+        tools.close()
     return records

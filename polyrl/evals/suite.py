@@ -9,9 +9,9 @@ any domain that names its verifier). For evaluation a pack line may also carry, 
 - `limits`: overrides of the run's limits for this task (limits.py fields, e.g.
   `{"budget": 600}`), checked here.
 
-A task runs as an agent episode when it carries a tool `world` (the agent domain's shop, or
-the ops domain's stateful one: polyrl/domains/task_tools.py), else as one call; it is graded
-by its verifier, the same one training uses (`verifier_for`).
+A task runs as an agent episode when it brings tools (a shop or ops `world`, an swe
+repository: polyrl/domains/task_tools.py), else as one call; it is graded by its verifier,
+the same one training uses (`verifier_for`).
 
 Unlike training, which quarantines bad lines, a suite is all or nothing: comparing models on
 a silently shrunken suite misleads, so the first bad line is a `SuiteError` (exit status 2)
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from polyrl.domains.pack import load_pack, verifier_for, verifier_misfit
-from polyrl.domains.task_tools import task_toolbox
+from polyrl.domains.task_tools import task_toolbox, tools_kind
 from polyrl.evals.limits import EvalLimits
 from polyrl.rewards.registry import available_verifiers
 from polyrl.types import Task
@@ -56,8 +56,8 @@ class SuiteTask:
 
     @property
     def is_agent(self) -> bool:
-        """Runs as an agent episode with the tools of its world (`task_toolbox`)."""
-        return "world" in self.task.data
+        """Runs as an agent episode with the tools its data brings (`tools_kind`)."""
+        return tools_kind(self.task) is not None
 
     def limits(self, base: EvalLimits) -> EvalLimits:
         return base.with_overrides(self.overrides)

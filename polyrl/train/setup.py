@@ -107,6 +107,7 @@ def _source(t: RLTask) -> tuple[Domain, set[str]]:
              for _, task in loaded.tasks]
     if t.quarantine:
         tasks = drop_quarantined(tasks, t.quarantine)
+    _check_worlds(t.run_name, t.pack, default, tasks)
     return PackDomain(t.run_name, tasks, default), {task.verifier for task in tasks if task.verifier}
 
 
@@ -135,19 +136,43 @@ def episode_tools(t: RLTask, toolbox_for: Callable[[Task], ToolBox]) -> Callable
 
 
 def _pack_tools(domain: Domain) -> Any:
-    """What gives a pack's tasks their tools: a pack graded by swe_patch holds swe tasks, each
-    carrying the repository its tools work on, one graded by world_state ops tasks, each carrying
-    its world; None for other packs (they roll out single-turn)."""
+    """What gives a pack's tasks their tools, by the pack's verifier: swe_patch, swe tasks each
+    carrying the repository its tools work on; world_state, ops tasks each carrying its world;
+    success_minus_cost, agent tasks each carrying the shop world its tools read (checked at
+    load, `_check_worlds`). None for other packs: they roll out single-turn."""
     verifier = getattr(domain, "default_verifier", None)
     if verifier == "world_state":
         from polyrl.domains.ops import OpsDomain
 
         return OpsDomain()
+    if verifier == "success_minus_cost":
+        from polyrl.domains.agent import AgentDomain
+
+        return AgentDomain()
     if verifier != "swe_patch":
         return None
     from polyrl.domains.swe import SweDomain
 
     return SweDomain()
+
+
+def _check_worlds(name: str, pack: str, verifier: str, tasks: list[Task]) -> None:
+    """A pack whose episodes run with the tools of a world: every task must carry one, and one
+    its tools read, or the run stops here instead of at that task's first rollout."""
+    from polyrl.domains.task_tools import task_toolbox
+
+    if verifier not in ("success_minus_cost", "world_state"):
+        return
+    for task in tasks:
+        if "world" not in task.data:
+            raise ValueError(f"task pack {pack} (domain {name!r}) rolls out as agent episodes (its verifier is "
+                             f"{verifier}), and task {task.id!r} has no 'world' for their tools to read; "
+                             "put tasks without tools in a pack of their own")
+        try:
+            task_toolbox(replace(task, verifier=task.verifier or verifier))
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"task pack {pack} (domain {name!r}): task {task.id!r}: its 'world' cannot be read: "
+                             f"{err}") from None
 
 
 def draw_tasks(specs: dict[str, DomainSpec], counts: dict[str, int], seed: int, step: int) -> list[Task]:
