@@ -4,7 +4,7 @@
 2. solvability: the reference (code) or the boxed gold (math) must score full reward;
 3. probes: negative controls, mutants, exploits, equivalent rewrites and the echoed
    prompt (code_probes.py, math_probes.py; swe patches: swe_probes.py; ops episode records:
-   ops_probes.py), all tasks' probes in one batch per verifier;
+   ops_probes.py; agent answers: agent_probes.py), all tasks' probes in one batch per verifier;
 4. determinism: the reference (math: and its equivalent forms) scored again `repeats`
    times by fresh verifiers; any disagreement in reward, status or per-test verdict fails;
 5. difficulty, with a policy: k samples per task, pass@1 and pass@k, tasks always or
@@ -29,6 +29,8 @@ from typing import Sequence
 from polyrl.domains.pack import EmptyPack, PackError, load_pack, verifier_for
 from polyrl.plugins import PluginError
 from polyrl.quality import hygiene
+from polyrl.quality.agent_probes import agent_probes
+from polyrl.quality.agent_probes import reference_probe as agent_reference_probe
 from polyrl.quality.code_probes import code_probes
 from polyrl.quality.findings import TaskAudit
 from polyrl.quality.independent import suspicious
@@ -44,8 +46,10 @@ from polyrl.quality.swe_probes import swe_probes
 from polyrl.rewards.registry import PLUGINS, available_verifiers, verifier_class
 from polyrl.types import Score, Task
 
-PROBED = ("unit_test_pass", "answer_verify", "swe_patch", "world_state")
+PROBED = ("unit_test_pass", "answer_verify", "swe_patch", "world_state", "success_minus_cost")
 _UNGRADABLE = ("tests_compile", "empty_tests", "unparsable_answer")
+_EPISODE_REFERENCE = {"success_minus_cost": '"gold_calls"', "world_state": '"reference_calls"'}
+"""Verifiers of episodes whose probes start from the task's reference calls: what it lacks."""
 
 
 @dataclass
@@ -124,6 +128,10 @@ def audit_tasks(entries: Sequence[tuple[int, Task]], errors: Sequence[PackError]
                   and not any(f.check in _UNGRADABLE and f.severity == "fail" for f in audits[i].findings)]
         plans = _plans(scorer, tasks, audits, names, usable)
         refs = _solvability(scorer, tasks, audits, names, usable, own, say)
+        for i in usable:
+            if names[i] in _EPISODE_REFERENCE and i not in refs and not audits[i].has("solvability"):
+                audits[i].add("solvability", f"unverified: the task has no {_EPISODE_REFERENCE[names[i]]}, so the audit "
+                                             "can neither show it solvable nor probe its reward", "warn")
         usable = [i for i in usable if not audits[i].has("verifier") and not audits[i].has("empty_tests")]
         _probes(scorer, tasks, audits, names, usable, plans, refs, own, result, options, say)
         _determinism(scorer, tasks, audits, names, [i for i in usable if i in refs], refs, options, say)
@@ -205,6 +213,8 @@ def _reference(task: Task, name: str, own: str | None) -> Probe | None:
         return reference_probe(task)
     if name == "world_state":
         return ops_reference_probe(task) if isinstance(task.data.get("reference_calls"), list) else None
+    if name == "success_minus_cost":
+        return agent_reference_probe(task)
     if name == "swe_patch":
         reference = task.data.get("reference_patch")
         return Probe("solvability", "the reference patch", reference, "full") if isinstance(reference, str) else None
@@ -244,6 +254,8 @@ def _probes(scorer, tasks, audits, names, usable, plans, refs, own, result: Audi
             per_task[i] = swe_probes(tasks[i])
         elif names[i] == "world_state":
             per_task[i] = ops_probes(tasks[i]) if i in refs else []
+        elif names[i] == "success_minus_cost":
+            per_task[i] = agent_probes(tasks[i], _other_answer(tasks, names, i)) if i in refs else []
         else:
             per_task[i] = math_probes(tasks[i])
     items = [(i, p) for i, ps in per_task.items() for p in ps]
@@ -271,6 +283,13 @@ def _other_reference(own: dict[int, str], names: list, i: int) -> str | None:
     if not same:
         return None
     return own[next((j for j in same if j > i), same[0])]
+
+
+def _other_answer(tasks: list[Task], names: list, i: int) -> str | None:
+    """The answer of the next task graded like task i whose answer differs (wraps around)."""
+    mine = str(tasks[i].answer).strip().lower()
+    same = [j for j, n in enumerate(names) if n == names[i] and str(tasks[j].answer).strip().lower() != mine]
+    return None if not same else str(tasks[next((j for j in same if j > i), same[0])].answer)
 
 
 def _signature(score: Score) -> tuple:

@@ -2,9 +2,12 @@
 
 - malformed lines (`load_pack`'s errors, with their line; the rest is still audited)
 - empty prompts
-- duplicate tasks (the same prompt, up to case and whitespace, under another id): a
-  warning when the gold agrees, a failure when it does not (at most one can be right)
-- train/held-out overlap: the same prompt on both sides of the split
+- duplicate tasks (the same prompt, up to case and whitespace, over the same hidden input,
+  under another id): a warning when the gold agrees, a failure when it does not (at most
+  one can be right). A task's hidden input is what its tools read (an agent or ops `world`,
+  an swe repository's `files`): the same question about another world is another task
+- train/held-out overlap: the same prompt over the same hidden input on both sides of the
+  split
 - code: a test or reference that does not compile (`compile` only; nothing is executed
   on the host; a text over MAX_PROGRAM_CHARS is not parsed at all and fails, so no
   pathological program can exhaust the host's parser), a check with no assert that calls
@@ -46,6 +49,12 @@ def _normal(prompt: str) -> str:
     return " ".join(prompt.lower().split())
 
 
+def _key(task: Task) -> str:
+    """The prompt, normalised, and the hidden input the task's tools read, if any."""
+    hidden = {k: task.data[k] for k in ("world", "files") if k in task.data}
+    return _normal(task.prompt) + ("\n" + json.dumps(hidden, sort_keys=True, default=str) if hidden else "")
+
+
 def _gold(task: Task) -> str:
     """What a task is graded against, as one comparable string."""
     return json.dumps([task.answer, task.data.get("tests"), task.data.get("test"), task.data.get("entry_point")],
@@ -60,7 +69,7 @@ def check_pack(tasks: Sequence[Task], audits: Sequence[TaskAudit], code: Sequenc
         if not task.prompt.strip():
             audit.add("empty_prompt", "the prompt is empty: the policy is asked nothing")
         else:
-            key = _normal(task.prompt)
+            key = _key(task)
             if key in first:
                 j = first[key]
                 where = f"{tasks[j].id!r}" + (f" (line {audits[j].line})" if audits[j].line is not None else "")
