@@ -85,6 +85,18 @@ def test_example_suite_passes_an_audit(suite_file, capsys):
     assert "0 fail" in capsys.readouterr().out
 
 
+def test_example_suite_agent_tasks_are_shown_solvable_by_their_gold_calls(suite_file):
+    from polyrl.quality.audit import audit_pack
+
+    result = audit_pack(str(suite_file), progress=None)
+    lines = {x["id"]: x for x in map(json.loads, suite_file.read_text().splitlines())}
+    agent = [a for a in result.tasks if lines[a.id]["domain"] == "agent"]
+    unverified = {a.id for a in agent if a.has("solvability")}
+    assert len(agent) == 40 and unverified == {i for i in unverified if lines[i]["metadata"]["case"] == "long_tool_result"}
+    assert len(unverified) <= 3 and all(a.status != "fail" for a in agent)
+    assert result.tally["cost"] == [len(agent) - len(unverified)] * 2
+
+
 @pytest.mark.parametrize("line, message", [
     ('{"id": "a", "domain": "math", "prompt": "1+1?"}', "field 'answer' is missing"),
     ('{"id": "a", "domain": "math", "prompt": "1+1?", "answer": "2", "metadata": {"tag": "hard"}}',

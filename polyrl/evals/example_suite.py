@@ -18,6 +18,8 @@ Four families, each with typical inputs, edge cases and failure modes (`metadata
 
 Every line is a valid task pack line of an existing domain (agent, code, math), so `polyrl
 eval`, `polyrl audit` and `polyrl score` read it as it is; `split` is "heldout" throughout.
+A customer-service line carries the calls a good agent makes (`gold_calls`), from which the
+audit shows it solvable, except the long policy note's, whose answer is a phrase inside it.
 The suite is a pure function of the seed.
 
 Out of scope: natural-language variety beyond the templates, and long documents sized to a
@@ -55,84 +57,96 @@ def _line(family: str, tag: str, k: int, domain: str, prompt: str, difficulty: i
 # ------------------------------------------------------------------------ customer service
 
 
-def _agent_line(tag: str, k: int, prompt: str, world: Any, answer: str, case: str, level: int) -> Line:
+Gold = list[tuple[str, dict[str, Any]]] | None
+"""The calls a good agent makes, as (tool, arguments); None when no call's result is the answer."""
+
+
+def _agent_line(tag: str, k: int, prompt: str, world: Any, answer: str, case: str, level: int, gold: Gold) -> Line:
+    calls = {} if gold is None else {"gold_calls": [{"name": name, "arguments": args} for name, args in gold]}
     return _line("customer_service", tag, k, "agent", prompt, level, {"case": case}, answer=answer,
-                 verifier="success_minus_cost", world=world.to_json())
+                 verifier="success_minus_cost", world=world.to_json(), **calls)
+
+
+Case = tuple[str, Any, str, str, Gold]
+"""(prompt, world, answer, case, gold calls)."""
 
 
 def _customer_service(rng: random.Random) -> list[Line]:
     out: list[Line] = []
     seen: set[str] = set()  # one prompt, one answer: `polyrl audit` fails a prompt graded two ways
 
-    def draw(make: Callable[[random.Random], tuple[str, Any, str, str]]) -> tuple[str, Any, str, str]:
+    def draw(make: Callable[[random.Random], Case]) -> Case:
         for _ in range(1000):
-            prompt, world, answer, case = make(rng)
-            if prompt not in seen:
-                seen.add(prompt)
-                return prompt, world, answer, case
+            case = make(rng)
+            if case[0] not in seen:
+                seen.add(case[0])
+                return case
         raise AssertionError(f"{make.__name__} ran out of distinct prompts")
 
     for k in range(20):  # typical: lookups, totals, comparisons (the agent domain's levels 1-3)
         level = 1 + k % 3
-        prompt, world, answer, kind = draw(lambda r: _generated(r, level))
-        out.append(_agent_line("typical", k, prompt, world, answer, kind, level))
+        prompt, world, answer, kind, gold = draw(lambda r: _generated(r, level))
+        out.append(_agent_line("typical", k, prompt, world, answer, kind, level, gold))
     edges = [_unknown_item, _note_lookup, _out_of_stock, _shouting]
     for k in range(12):  # edge: unknown items, indirection through notes, zero stock, odd phrasing
-        prompt, world, answer, case = draw(edges[k % len(edges)])
-        out.append(_agent_line("edge", k, prompt, world, answer, case, 4))
+        prompt, world, answer, case, gold = draw(edges[k % len(edges)])
+        out.append(_agent_line("edge", k, prompt, world, answer, case, 4, gold))
     failures = [_gift_not_sold, _ambiguous, _long_policy]
     for k in range(8):  # failure modes: a tool error on the way, a request naming nothing, a long note
-        prompt, world, answer, case = draw(failures[k % len(failures)])
-        out.append(_agent_line("failure_mode", k, prompt, world, answer, case, 4))
+        prompt, world, answer, case, gold = draw(failures[k % len(failures)])
+        out.append(_agent_line("failure_mode", k, prompt, world, answer, case, 4, gold))
     return out
 
 
-def _generated(rng: random.Random, level: int) -> tuple[str, Any, str, str]:
-    prompt, world, _, answer, kind = agent_problem(rng, level)
-    return prompt, world, answer, kind
+def _generated(rng: random.Random, level: int) -> Case:
+    prompt, world, gold, answer, kind = agent_problem(rng, level)
+    return prompt, world, answer, kind, gold
 
 
-def _unknown_item(rng: random.Random) -> tuple[str, Any, str, str]:
+def _unknown_item(rng: random.Random) -> Case:
     item = rng.choice(ITEMS)
-    return f"What is the price of a {item}?", random_world(rng, exclude=(item,)), "none", "unknown_item"
+    return (f"What is the price of a {item}?", random_world(rng, exclude=(item,)), "none", "unknown_item",
+            [("price", {"item": item})])
 
 
-def _note_lookup(rng: random.Random) -> tuple[str, Any, str, str]:
+def _note_lookup(rng: random.Random) -> Case:
     item, topic = rng.choice(ITEMS), rng.choice(("sale", "gift", "prize"))
     world = random_world(rng, include=(item,))
     world.notes[topic] = f"The {topic} is a {item}."
     ask = rng.choice(("What does the {} item cost?", "What is the price of the {} item?", "How much is the {} item?"))
-    return ask.format(topic), world, str(world.price(item)), "note_lookup"
+    return (ask.format(topic), world, str(world.price(item)), "note_lookup",
+            [("note", {"topic": topic}), ("price", {"item": item})])
 
 
-def _out_of_stock(rng: random.Random) -> tuple[str, Any, str, str]:
+def _out_of_stock(rng: random.Random) -> Case:
     item = rng.choice(ITEMS)
     world = random_world(rng, include=(item,))
     world.items[item]["stock"] = 0
-    return f"Do you have any {item}s left? How many are in stock?", world, "0", "out_of_stock"
+    return (f"Do you have any {item}s left? How many are in stock?", world, "0", "out_of_stock",
+            [("stock", {"item": item})])
 
 
-def _shouting(rng: random.Random) -> tuple[str, Any, str, str]:
+def _shouting(rng: random.Random) -> Case:
     item = rng.choice(ITEMS)
     world = random_world(rng, include=(item,))
-    return f"HOW MUCH IS ONE {item.upper()}??", world, str(world.price(item)), "odd_phrasing"
+    return f"HOW MUCH IS ONE {item.upper()}??", world, str(world.price(item)), "odd_phrasing", [("price", {"item": item})]
 
 
-def _gift_not_sold(rng: random.Random) -> tuple[str, Any, str, str]:
+def _gift_not_sold(rng: random.Random) -> Case:
     item, topic = rng.choice(ITEMS), rng.choice(("gift", "sale", "prize"))
     world = random_world(rng, exclude=(item,))
     world.notes[topic] = f"The {topic} is a {item}."
     ask = rng.choice(("What does the {} item cost?", "What is the {} item's price?", "How much for the {} item?"))
-    return ask.format(topic), world, "none", "tool_error"
+    return ask.format(topic), world, "none", "tool_error", [("note", {"topic": topic}), ("price", {"item": item})]
 
 
-def _ambiguous(rng: random.Random) -> tuple[str, Any, str, str]:
+def _ambiguous(rng: random.Random) -> Case:
     topic = rng.choice(("bonus", "raffle", "special", "deal"))  # no note has it: the request names nothing
     ask = rng.choice(("What does the {} cost?", "How much is the {}?", "What's the price of the {}?"))
-    return ask.format(topic), random_world(rng), "none", "ambiguous_request"
+    return ask.format(topic), random_world(rng), "none", "ambiguous_request", [("note", {"topic": topic})]
 
 
-def _long_policy(rng: random.Random) -> tuple[str, Any, str, str]:
+def _long_policy(rng: random.Random) -> Case:
     world = random_world(rng)
     days = rng.randint(10, 60)
     filler = [f"Rule {i}: items from aisle {rng.randint(1, 9)} are checked at the front desk." for i in range(1, 9)]
@@ -142,7 +156,7 @@ def _long_policy(rng: random.Random) -> tuple[str, Any, str, str]:
     ask = rng.choice(("How many days is the return window? Check the policy note.",
                       "Check the policy note: how long is the return window, in days?",
                       "What is the return window in days? It is in the policy note."))
-    return ask, world, str(days), "long_tool_result"
+    return ask, world, str(days), "long_tool_result", None
 
 
 # ------------------------------------------------------------------------------ code fixes
