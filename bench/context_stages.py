@@ -1,11 +1,14 @@
 """Staged context extension against one jump and against scaling alone, on one token budget.
 
     PYTHONPATH=. .venv/bin/python bench/context_stages.py --tokens 2000000 --seeds 0 1 2
+    PYTHONPATH=. .venv/bin/python bench/context_stages.py --kinds variable_tracking --split 5,1,2 ...
 
 Arms (every trained arm gets the same number of training tokens, documents of the
 long-context domain's train split; see polyrl/train/context_stages.py):
-- staged: 512 tokens with the original positions (a quarter of the budget), then 2,048 with
-  YaRN x4 (an eighth), then 8,192 with YaRN x16 (the rest);
+- staged: 512 tokens with the original positions, then 2,048 with YaRN x4, then 8,192 with
+  YaRN x16, in eighths of the budget given by `--split` (default 2,1,5: a task the model
+  learns quickly, such as retrieval, spends most at the final length; one it learns slowly,
+  such as variable tracking, needs most at 512 first);
 - jump: 8,192 with YaRN x16 from the start (the whole budget);
 - short+scale: the whole budget at 512 with the original positions, then YaRN x16 applied
   with no further training (the task learnt short, the window stretched);
@@ -34,15 +37,19 @@ from polyrl.train.context_stages import apply_config, evaluate, stage_config, tr
 FINAL = Stage(max_length=8192, rope="yarn", factor=16, tokens=1)
 
 
-def arms(tokens: int) -> dict[str, list[Stage]]:
-    """The arms' stages; a length trains with the same step size and learning rate in every arm."""
+def arms(tokens: int, split: tuple[int, int, int] = (2, 1, 5)) -> dict[str, list[Stage]]:
+    """The arms' stages; a length trains with the same step size and learning rate in every arm.
+    `split`: the staged arm's eighths of the budget at 512, 2,048 and 8,192 tokens."""
+    if len(split) != 3 or sum(split) != 8 or min(split) < 1:
+        raise ValueError(f"--split takes three positive eighths that sum to 8, got {split}")
+
     def at(length: int, share: int, rope: str = "yarn") -> Stage:
         batch, lr = {512: (2048, 1e-3), 2048: (4096, 1e-3), 8192: (16384, 5e-4)}[length]
         return Stage(max_length=length, rope=rope, factor=None if rope == "none" else length / 512,
                      tokens=tokens * share // 8, batch_tokens=batch, lr=lr)
 
     return {
-        "staged": [at(512, 2, "none"), at(2048, 1), at(8192, 5)],
+        "staged": [at(512, split[0], "none"), at(2048, split[1]), at(8192, split[2])],
         "jump": [at(8192, 8)],
         "short+scale": [at(512, 8, "none")],
         "scale only": [],
@@ -76,12 +83,14 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--batch-tokens", type=int, default=2048)
     p.add_argument("--arms", default="staged,jump,short+scale,scale only")
+    p.add_argument("--split", default="2,1,5", help="the staged arm's eighths of the budget at 512, 2,048, 8,192")
     p.add_argument("-o", "--out", help="write every record to this JSON file")
     args = p.parse_args()
     lengths = tuple(int(x) for x in args.lengths.split(","))
     base = {"kinds": tuple(args.kinds.split(",")), "lr": args.lr, "batch_tokens": args.batch_tokens,
             "eval": EvalSpec(lengths=lengths, per_length=args.per_length)}
-    chosen = {k: v for k, v in arms(args.tokens).items() if k in args.arms.split(",")}
+    split = tuple(int(x) for x in args.split.split(","))
+    chosen = {k: v for k, v in arms(args.tokens, split).items() if k in args.arms.split(",")}  # type: ignore[arg-type]
     records = []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:  # arms interleaved within each seed
@@ -92,7 +101,8 @@ def main() -> None:
                       {n: (c["accuracy"], c["answer_nll"]) for n, c in record["lengths"].items()}, flush=True)
                 if args.out:  # after every arm, so a run cut short keeps what it measured
                     Path(args.out).write_text(json.dumps(records, indent=1))
-    print(f"\n{args.tokens:,} training tokens per trained arm; kinds {args.kinds}; {args.per_length} held-out "
+    print(f"\n{args.tokens:,} training tokens per trained arm (staged: eighths {args.split}); kinds {args.kinds}; "
+          f"{args.per_length} held-out "
           f"questions per length; seeds {args.seeds}; medians over seeds; every arm scored with YaRN x16")
     print("answer accuracy (%)")
     print(f"{'arm':<12}" + "".join(f"{n:>8}" for n in lengths) + f"{'seconds':>10}")
