@@ -174,3 +174,15 @@ def test_assemble_keeps_ordered_evidence_in_order(tok) -> None:
     prompt, _ = assemble(core, 1500, tok, random.Random(2))
     positions = [prompt.index(n) for n in core.needles]
     assert positions == sorted(positions)
+
+
+@pytest.mark.parametrize(("level", "bound"), [(1, 0.5), (2, 0.35)])
+def test_no_position_answers_most_consistency_questions(tok, level: int, bound: float) -> None:
+    """The contradiction comes after the fact it contradicts, and agreeing statements may follow
+    it, so "the last statement" (or any fixed place) is no shortcut to the answer."""
+    tasks = LongContextDomain(levels=(level,), kinds=("consistency",), tokenizer=tok).sample("heldout", 200, seed=0)
+    from_end = Counter()
+    for task in tasks:
+        labels = re.findall(r"Statement (\d+):", task.prompt)
+        from_end[len(labels) - 1 - labels.index(task.answer)] += 1
+    assert max(from_end.values()) / len(tasks) <= bound

@@ -267,7 +267,8 @@ def multikey_retrieval(rng: random.Random, level: int) -> Core:
 
 
 def consistency(rng: random.Random, level: int) -> Core:
-    """Facts about facilities of towns, some restated; one later statement contradicts one."""
+    """Facts about facilities of towns, some restated; one later statement contradicts one, and
+    up to half as many agreeing restatements of the other facts may follow it."""
     n_facts, n_restated = {1: 3, 2: 6, 3: 10, 4: 14}[level], {1: 0, 2: 1, 3: 3, 4: 5}[level]
     towns = set()
     while len(towns) < n_facts:
@@ -290,6 +291,13 @@ def consistency(rng: random.Random, level: int) -> Core:
     wrong = rng.choice([v for v in range(false[1][1], false[1][2] + 1) if v != false[2]])
     last = max(i for i, (f, _) in enumerate(order) if f == false)  # after every statement of it, so
     order.insert(rng.randint(last + 1, len(order)), (false, wrong))  # no restatement contradicts it back
+    others = [f for f in facts if f != false]
+    # Agreeing statements after it, so that position gives the answer away less: "the last
+    # statement" was right 59% of the time at level 1; now the best position is right 46 / 31 /
+    # 25 / 13% at levels 1 to 4 (a level-1 task keeps fitting its 512 tokens).
+    for _ in range(rng.randint(0, max(1, len(others) // 2))):
+        f = rng.choice(others)
+        order.append((f, f[2]))
     labels = rng.sample(range(100, 999), len(order))
     needles = tuple(f"Statement {label}: {say(f, v)}" for label, (f, v) in zip(labels, order))
     answer = labels[order.index((false, wrong))]
