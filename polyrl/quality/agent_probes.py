@@ -49,7 +49,7 @@ def reference_answer(task: Task) -> str | None:
             return None
         outcome = tools.run(ToolCall(f"gold_{k}", call.get("name"), dict(call.get("arguments") or {})))
         results.append((call, outcome))
-    last_call, last = results[-1]
+    last = results[-1][1]
     if not last.ok:
         return "none"
     prices = [(float(o.content), c["arguments"].get("item")) for c, o in results
