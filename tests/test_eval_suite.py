@@ -106,7 +106,7 @@ def test_example_suite_agent_tasks_are_shown_solvable_by_their_gold_calls(suite_
     ('{"id": "a", "domain": "math", "prompt": "1+1?", "answer": "2", "metadata": {"limits": {"bogus": 1}}}',
      "metadata.limits.bogus"),
     ('{"id": "a", "domain": "agent", "prompt": "hi", "answer": "1", "verifier": "success_minus_cost", '
-     '"world": {"notes": {}}}', "its 'world' cannot be read"),
+     '"world": {"notes": {}}}', "it has a 'world' its tools cannot read"),
     ('{"id": "a", "domain": "math", "prompt": "1+1?", "answer": "2", "verifier": "nope"}', "unknown verifier"),
     ("not json", "not valid JSON"),
 ])

@@ -21,6 +21,10 @@ from polyrl.agent.tools import ToolBox
 from polyrl.types import Task
 
 
+TOOLS_BY_VERIFIER = {"swe_patch": "swe", "world_state": "ops", "success_minus_cost": "agent"}
+"""The built-in domain whose tools a pack graded by each verifier rolls out with (training)."""
+
+
 def tools_kind(task: Task) -> str | None:
     """"swe", "ops", "agent", or None for a task without tools (see the module docstring)."""
     if task.domain == "swe" or task.verifier == "swe_patch":
@@ -28,6 +32,18 @@ def tools_kind(task: Task) -> str | None:
     if "world" not in task.data:
         return None
     return "ops" if graded_on_state(task) else "agent"
+
+
+def world_problem(task: Task) -> str | None:
+    """What `task` has instead of a world its tools can read ("no 'world' ...", "a 'world' its
+    tools cannot read: ..."); None when its world is fine. For ops and agent tasks."""
+    if "world" not in task.data:
+        return "no 'world' for its tools to read"
+    try:
+        task_toolbox(task)
+    except (ValueError, KeyError, TypeError) as err:
+        return f"a 'world' its tools cannot read: {err}"
+    return None
 
 
 def graded_on_state(task: Task) -> bool:

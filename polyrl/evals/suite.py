@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from polyrl.domains.pack import load_pack, verifier_for, verifier_misfit
-from polyrl.domains.task_tools import task_toolbox, tools_kind
+from polyrl.domains.task_tools import tools_kind, world_problem
 from polyrl.evals.limits import EvalLimits
 from polyrl.rewards.registry import available_verifiers
 from polyrl.types import Task
@@ -124,9 +124,6 @@ def _suite_task(path: str | Path, line: int, task: Task, base: EvalLimits) -> Su
         base.with_overrides(overrides)
     except ValueError as err:
         raise SuiteError(f"{where}: metadata.{err}") from None
-    if "world" in task.data:
-        try:
-            task_toolbox(task)
-        except (ValueError, KeyError, TypeError) as err:
-            raise SuiteError(f"{where}: its 'world' cannot be read: {err}") from None
+    if "world" in task.data and (problem := world_problem(task)):
+        raise SuiteError(f"{where}: it has {problem}")
     return SuiteTask(task, line, tag, verifier, dict(overrides))

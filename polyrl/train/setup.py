@@ -136,43 +136,30 @@ def episode_tools(t: RLTask, toolbox_for: Callable[[Task], ToolBox]) -> Callable
 
 
 def _pack_tools(domain: Domain) -> Any:
-    """What gives a pack's tasks their tools, by the pack's verifier: swe_patch, swe tasks each
-    carrying the repository its tools work on; world_state, ops tasks each carrying its world;
-    success_minus_cost, agent tasks each carrying the shop world its tools read (checked at
-    load, `_check_worlds`). None for other packs: they roll out single-turn."""
-    verifier = getattr(domain, "default_verifier", None)
-    if verifier == "world_state":
-        from polyrl.domains.ops import OpsDomain
+    """What gives a pack's tasks their tools, by the pack's verifier (`TOOLS_BY_VERIFIER`): the
+    built-in swe, ops or agent domain, whose tools work on the repository or world each task
+    carries (worlds checked at load, `_check_worlds`). None for other packs: they roll out
+    single-turn."""
+    from polyrl.domains.registry import get_domain
+    from polyrl.domains.task_tools import TOOLS_BY_VERIFIER
 
-        return OpsDomain()
-    if verifier == "success_minus_cost":
-        from polyrl.domains.agent import AgentDomain
-
-        return AgentDomain()
-    if verifier != "swe_patch":
-        return None
-    from polyrl.domains.swe import SweDomain
-
-    return SweDomain()
+    kind = TOOLS_BY_VERIFIER.get(getattr(domain, "default_verifier", None))
+    return get_domain(kind) if kind else None
 
 
 def _check_worlds(name: str, pack: str, verifier: str, tasks: list[Task]) -> None:
     """A pack whose episodes run with the tools of a world: every task must carry one, and one
     its tools read, or the run stops here instead of at that task's first rollout."""
-    from polyrl.domains.task_tools import task_toolbox
+    from polyrl.domains.task_tools import TOOLS_BY_VERIFIER, world_problem
 
-    if verifier not in ("success_minus_cost", "world_state"):
+    if TOOLS_BY_VERIFIER.get(verifier) not in ("agent", "ops"):
         return
     for task in tasks:
-        if "world" not in task.data:
+        problem = world_problem(replace(task, verifier=task.verifier or verifier))
+        if problem:
+            hint = "; put tasks without tools in a pack of their own" if "world" not in task.data else ""
             raise ValueError(f"task pack {pack} (domain {name!r}) rolls out as agent episodes (its verifier is "
-                             f"{verifier}), and task {task.id!r} has no 'world' for their tools to read; "
-                             "put tasks without tools in a pack of their own")
-        try:
-            task_toolbox(replace(task, verifier=task.verifier or verifier))
-        except (ValueError, KeyError, TypeError) as err:
-            raise ValueError(f"task pack {pack} (domain {name!r}): task {task.id!r}: its 'world' cannot be read: "
-                             f"{err}") from None
+                             f"{verifier}), and task {task.id!r} has {problem}{hint}")
 
 
 def draw_tasks(specs: dict[str, DomainSpec], counts: dict[str, int], seed: int, step: int) -> list[Task]:
