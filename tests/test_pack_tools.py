@@ -127,7 +127,7 @@ def test_an_swe_task_runs_with_its_repository_tools_in_the_sandbox(tmp_path):
     assert not idle.success
 
 
-def _agent_pack(tmp_path, drop_world_of: int | None = None):
+def _agent_pack(tmp_path, drop_world_of: int | None = None, break_world_of: int | None = None):
     path = tmp_path / "shop.jsonl"
     assert main(["pack", "agent", "--split", "train", "-n", "6", "-o", str(path)]) == 0
     lines = [json.loads(x) for x in path.read_text().splitlines()]
@@ -135,6 +135,8 @@ def _agent_pack(tmp_path, drop_world_of: int | None = None):
         line["split"] = "train" if k % 2 else "heldout"
         if k == drop_world_of:
             del line["world"]
+        if k == break_world_of:
+            line["world"] = {"notes": {}}
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     return path, lines
 
@@ -160,5 +162,15 @@ def test_an_agent_pack_line_without_a_world_stops_the_run_at_load(tmp_path):
 
     path, lines = _agent_pack(tmp_path, drop_world_of=3)
     with pytest.raises(ValueError, match=f"task {lines[3]['id']!r} has no 'world'"):
+        build_domains(load_config_text(f"rl_tasks:\n  - {{domain: shop, pack: {path}, weight: 1}}\n"),
+                      verifiers=False)
+
+
+def test_an_agent_pack_line_with_a_malformed_world_stops_the_run_at_load(tmp_path):
+    from polyrl.config import load_config_text
+    from polyrl.train.setup import build_domains
+
+    path, lines = _agent_pack(tmp_path, break_world_of=2)
+    with pytest.raises(ValueError, match=f"task {lines[2]['id']!r} has a 'world' its tools cannot read"):
         build_domains(load_config_text(f"rl_tasks:\n  - {{domain: shop, pack: {path}, weight: 1}}\n"),
                       verifiers=False)
