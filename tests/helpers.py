@@ -41,6 +41,19 @@ class ParityVerifier:
         pass
 
 
+class SolvedLevelOneVerifier(ParityVerifier):
+    """Test reward: every level-1 task is solved (reward 1, no signal in its groups); other
+    levels score length parity, as ParityVerifier does."""
+
+    name = "solved_level_one"
+
+    def score(self, tasks, completions):
+        from polyrl.types import Score
+
+        parity = super().score(tasks, completions)
+        return [Score(1.0, {"status": "solved"}) if t.difficulty == 1 else p for t, p in zip(tasks, parity)]
+
+
 def random_model_dir(tmp: Path, seed: int = 0) -> Path:
     """A random tiny Qwen2 model with the test tokenizer, saved as a Hugging Face directory."""
     from polyrl.models.hf_io import save_pretrained

@@ -51,6 +51,8 @@ class Ticket:
     """run the held-out evaluation of this step (train/loop.py: "eval{step}") at `version` first"""
     shard: tuple[int, int] = (0, 1)
     """(i, n): roll out the step's prompts i, i + n, i + 2n, ... (one engine of a rollout pool)"""
+    levels: dict[str, tuple[float, ...]] | None = None
+    """level weights of the domains with a level curriculum, for this step's draw (rl/level_curriculum.py)"""
 
 
 @dataclass
@@ -135,7 +137,7 @@ class RolloutRole:
         recorder = self.rollout.recorder = ListRecorder()
         start, counters = time.perf_counter(), engine_counters(self.engine)
         index, shards = ticket.shard
-        drawn = draw_tasks(self.specs, ticket.counts, self.cfg.seed, ticket.step)
+        drawn = draw_tasks(self.specs, ticket.counts, self.cfg.seed, ticket.step, ticket.levels)
         mine = {id(t): k for k, t in enumerate(drawn) if k % shards == index}
         tasks = [t for t in drawn if id(t) in mine]
         groups = self.rollout.groups(tasks, self.cfg.trainer.group_size, rollout_sampling(self.cfg.seed, ticket.step),

@@ -20,7 +20,9 @@ controller (rl/kl_control.py: adaptive toward rl_tasks[].kl_target, else fixed).
 are logged on every metrics line with the reason for their values, and saved in the
 state for resume. A flag of the reward monitor on a domain acts through both, as the
 domain's rl_tasks[].on_flag says (train/flag_policy.py: raise its KL coefficient, cap or
-stop its share); the metrics line of the flag's step says what was done and why.
+stop its share); the metrics line of the flag's step says what was done and why. Inside a
+domain with rl_tasks[].level_curriculum, its levels' shares follow the share of their recent
+groups that carried a signal (rl/level_curriculum.py; `level_weights` on the line).
 
 Interruptions: the run directory is locked and, on resume, rolled back to the last whole
 step (train/run_dir.py); Ctrl-C ends the run at the next step boundary
@@ -49,6 +51,7 @@ from polyrl.pipeline.stream import InlineStream, Stream
 from polyrl.rl.advantages import group_advantages, zero_variance_groups
 from polyrl.rl.curriculum import CapabilityCurriculum, allocate
 from polyrl.rl.kl_control import PerDomainKL
+from polyrl.rl.level_curriculum import LevelSignal
 from polyrl.rl.overlong import overlong_mask, overlong_rewards
 from polyrl.rollout.groups import Group
 from polyrl.train.batch import build_batch
@@ -58,7 +61,7 @@ from polyrl.train.flag_policy import FlagPolicy
 from polyrl.train.interrupts import StopAtStepBoundary
 from polyrl.train.monitor import RewardMonitor
 from polyrl.train.run_dir import RunDir
-from polyrl.train.setup import build_curriculum, build_domains, step_seed
+from polyrl.train.setup import build_curriculum, build_domains, level_source, step_seed
 from polyrl.train.ranks import Leader, Trainer, follow, lead
 from polyrl.train.ray_trainer import RayTrainer, start_ray_trainer
 
@@ -115,6 +118,8 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
     closing.callback(store.close)
     obs = Tee(store, export)
     curriculum = build_curriculum(cfg, {d: s.weight for d, s in specs.items()})  # None: static weights
+    levels = LevelSignal({t.run_name: level_source(specs[t.run_name].source).levels
+                          for t in cfg.domain_tasks() if t.level_curriculum})  # levels inside a domain
     kl = PerDomainKL({d: s.kl_coef for d, s in specs.items()}, {d: s.kl_target for d, s in specs.items()},
                      cfg.trainer.kl_horizon, rate=cfg.trainer.kl_rate)
     on_flag = FlagPolicy({t.run_name: t.on_flag for t in cfg.domain_tasks()})
@@ -154,6 +159,7 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
         if state.get("kl"):
             kl = PerDomainKL.from_state(state["kl"])
         on_flag.load_state_dict(state.get("on_flag"))
+        levels.load_state_dict(state.get("level_signal"))
         log(f"resuming {rd.path} at step {start_step}")
 
     def shares() -> tuple[dict[str, float], dict | None]:
@@ -181,7 +187,7 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
         if not admitted[step][0]:
             return False
         counts = allocate(cfg.trainer.prompts_per_step, admitted[step][0], step_seed(cfg.seed, step, "allocate"))
-        stream.submit(Ticket(step, version, counts, weights, eval_step))
+        stream.submit(Ticket(step, version, counts, weights, eval_step, levels=levels.weights() or None))
         return True
 
     pending = unreported_evals(rd, cfg.eval.every, start_step, cfg.trainer.steps - K) if K > 0 and state else []
@@ -217,6 +223,9 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
         rewards = torch.tensor([overlong_rewards(g.rewards, f, cfg.trainer.overlong) for g, f in zip(groups, finished)])
         flat = zero_variance_groups(rewards) if cfg.trainer.drop_zero_variance else torch.zeros(len(groups), dtype=torch.bool)
         adv = group_advantages(rewards, [g.task.domain for g in groups])
+        if levels.levels:  # the level curriculum follows which levels' groups carried a signal
+            no_signal = flat if cfg.trainer.drop_zero_variance else zero_variance_groups(rewards)
+            levels.update((g.task.domain, g.task.difficulty, not bool(no_signal[i])) for i, g in enumerate(groups))
         keep = [i for i in range(len(groups)) if not flat[i] and fresh[i]]
         # 4. loss and optimizer step
         stats, coefs = {}, dict(kl.coefs)
@@ -240,6 +249,8 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
         record["weight_reasons"] = reasons_line(weight_reasons or {d: "static: the run file's weight" for d in weights},
                                                 said["weight_reasons"], sparse)
         record["kl_coef"] = {d: coefs[d] for d in sorted(coefs)}
+        if levels.levels:  # the level weights the next admitted step draws with
+            record["level_weights"] = {d: dict(zip(map(str, levels.levels[d]), w)) for d, w in levels.weights().items()}
         record["kl_coef_reasons"] = reasons_line(dict(kl.reasons), said["kl_coef_reasons"], sparse)
         for ev in evals:  # an evaluation the rollout role ran beside training (max_staleness > 0)
             record["eval"] = ev.results
@@ -290,7 +301,8 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
         rd.save_state({"step": step + 1, "clock": clock, "rollout_tokens": rollout_tokens, "policy_version": version,
                        **trainer.state(),
                        "curriculum": curriculum.state_dict() if curriculum else None, "kl": kl.state_dict(),
-                       "on_flag": on_flag.state_dict(), "monitor": monitor.state_dict()})
+                       "on_flag": on_flag.state_dict(), "monitor": monitor.state_dict(),
+                       "level_signal": levels.state_dict()})
         display.step(record)
         steps_done = step + 1
         if stop_after is not None and steps_done - start_step >= stop_after:

@@ -5,6 +5,7 @@ Everything here is construction; the loop in loop.py only uses what this returns
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from dataclasses import dataclass, replace
 from typing import Any, Callable
@@ -65,6 +66,9 @@ def build_domains(cfg: RunConfig, execution_log: ExecutionLog | None = None, ver
         tools = domain if hasattr(domain, "toolbox") else _pack_tools(domain)  # tools: rolls out as episodes
         if tools is None and t.tools != ToolsConfig():  # (a resumed run's config.yaml writes the defaults out)
             raise ValueError(f"rl_tasks domain {t.domain!r}: `tools` is set, but this domain has no tools")
+        if t.level_curriculum and level_source(domain) is None:
+            raise ValueError(f"rl_tasks domain {t.run_name!r}: level_curriculum weights a generated domain's "
+                             f"difficulty levels (math, code, agent, swe, ops), and this one has none")
         max_tokens = t.max_tokens or cfg.engine.max_tokens
         sampling = SamplingParams(temperature=cfg.engine.temperature, top_p=cfg.engine.top_p,
                                   top_k=cfg.engine.top_k, max_tokens=max_tokens)
@@ -162,10 +166,34 @@ def _check_worlds(name: str, pack: str, verifier: str, tasks: list[Task]) -> Non
                              f"{verifier}), and task {task.id!r} has {problem}{hint}")
 
 
-def draw_tasks(specs: dict[str, DomainSpec], counts: dict[str, int], seed: int, step: int) -> list[Task]:
+def draw_tasks(specs: dict[str, DomainSpec], counts: dict[str, int], seed: int, step: int,
+               levels: dict[str, tuple[float, ...]] | None = None) -> list[Task]:
     """A step's training prompts: counts[d] train tasks of each domain d, seeded by (run seed, step, d).
-    A domain with no prompts this step is not asked (it may be one of hundreds)."""
-    return [t for d, k in counts.items() if k for t in specs[d].source.sample("train", k, step_seed(seed, step, d))]
+    A domain with no prompts this step is not asked (it may be one of hundreds). `levels` gives
+    some domains' level weights for this draw (rl/level_curriculum.py)."""
+    levels = levels or {}
+    return [t for d, k in counts.items() if k
+            for t in (reweighted(specs[d].source, levels[d]) if d in levels else specs[d].source)
+            .sample("train", k, step_seed(seed, step, d))]
+
+
+def level_source(source: Domain) -> Domain | None:
+    """The generated domain under `source`'s wrappers (a name, a quarantine), when it draws
+    difficulty levels by weights (`levels`, `weights`); None for one without levels (a pack)."""
+    while not hasattr(source, "levels") and hasattr(source, "inner"):
+        source = source.inner
+    return source if hasattr(source, "levels") and hasattr(source, "weights") else None
+
+
+def reweighted(source: Domain, weights: tuple[float, ...]) -> Domain:
+    """A copy of `source` that draws its levels by `weights` (its wrappers copied down to the
+    generated domain); `source` itself, whose held-out set was drawn by its own weights, is untouched."""
+    out = copy.copy(source)
+    if hasattr(source, "levels") and hasattr(source, "weights"):
+        out.weights = tuple(weights)
+    else:
+        out.inner = reweighted(source.inner, weights)
+    return out
 
 
 def rollout_sampling(seed: int, step: int) -> Callable[[DomainSpec], SamplingParams]:
