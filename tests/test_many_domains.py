@@ -101,8 +101,8 @@ def test_hundred_domains_train_touching_only_the_batch(tmp_path, parity_reward, 
     real_verifier, real_draw = setup.get_verifier, setup.draw_tasks
     monkeypatch.setattr(setup, "get_verifier", lambda name, **kw: built.update([name]) or real_verifier(name, **kw))
 
-    def draw(specs, counts, seed, step):
-        tasks = real_draw(specs, counts, seed, step)
+    def draw(specs, counts, seed, step, levels=None):
+        tasks = real_draw(specs, counts, seed, step, levels)
         drawn.append((counts, {t.domain for t in tasks}))
         return tasks
 
