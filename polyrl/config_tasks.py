@@ -56,7 +56,7 @@ class RLTask(BaseModel):
     """draw this domain's training prompts of each difficulty level by the signal the level gives:
     its recent share of groups neither all right nor all wrong (rl/level_curriculum.py), so levels
     it has solved or cannot reach yet give way to those it is learning; the held-out set keeps the
-    levels and weights of `options`. Generated domains with levels only (math, code, agent, swe, ops)"""
+    levels and weights of `options`. Generated domains with levels only (math, code, agent, longctx, swe, ops)"""
     quarantine: str | None = None
     """file of task ids to leave out of training (one per line, or JSONL with id/task_id, such as
     `polyrl audit --write-quarantine` output or a run's flags.jsonl); relative to the run file like `pack`"""

@@ -68,7 +68,7 @@ def build_domains(cfg: RunConfig, execution_log: ExecutionLog | None = None, ver
             raise ValueError(f"rl_tasks domain {t.domain!r}: `tools` is set, but this domain has no tools")
         if t.level_curriculum and level_source(domain) is None:
             raise ValueError(f"rl_tasks domain {t.run_name!r}: level_curriculum weights a generated domain's "
-                             f"difficulty levels (math, code, agent, swe, ops), and this one has none")
+                             f"difficulty levels (math, code, agent, longctx, swe, ops), and this one has none")
         max_tokens = t.max_tokens or cfg.engine.max_tokens
         sampling = SamplingParams(temperature=cfg.engine.temperature, top_p=cfg.engine.top_p,
                                   top_k=cfg.engine.top_k, max_tokens=max_tokens)
