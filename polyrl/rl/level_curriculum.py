@@ -30,8 +30,9 @@ RATE = 0.2
 
 class LevelSignal:
     def __init__(self, levels: dict[str, tuple[int, ...]], floor: float = FLOOR, rate: float = RATE) -> None:
-        if not 0 <= floor * max((len(v) for v in levels.values()), default=1) <= 1:
-            raise ValueError(f"floor {floor} is too large for {max(len(v) for v in levels.values())} levels")
+        most = max((len(v) for v in levels.values()), default=1)
+        if not 0 <= floor * most <= 1:
+            raise ValueError(f"floor must be in [0, 1 / levels] = [0, {1 / most:.3g}], got {floor}")
         if not 0 < rate <= 1:
             raise ValueError(f"rate must be in (0, 1], got {rate}")
         self.levels = {d: tuple(v) for d, v in levels.items()}

@@ -118,8 +118,8 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
     closing.callback(store.close)
     obs = Tee(store, export)
     curriculum = build_curriculum(cfg, {d: s.weight for d, s in specs.items()})  # None: static weights
-    levels = LevelSignal({t.run_name: level_source(specs[t.run_name].source).levels
-                          for t in cfg.domain_tasks() if t.level_curriculum})  # levels inside a domain
+    level_signal = LevelSignal({t.run_name: level_source(specs[t.run_name].source).levels
+                                for t in cfg.domain_tasks() if t.level_curriculum})  # levels inside a domain
     kl = PerDomainKL({d: s.kl_coef for d, s in specs.items()}, {d: s.kl_target for d, s in specs.items()},
                      cfg.trainer.kl_horizon, rate=cfg.trainer.kl_rate)
     on_flag = FlagPolicy({t.run_name: t.on_flag for t in cfg.domain_tasks()})
@@ -159,7 +159,7 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
         if state.get("kl"):
             kl = PerDomainKL.from_state(state["kl"])
         on_flag.load_state_dict(state.get("on_flag"))
-        levels.load_state_dict(state.get("level_signal"))
+        level_signal.load_state_dict(state.get("level_signal"))
         log(f"resuming {rd.path} at step {start_step}")
 
     def shares() -> tuple[dict[str, float], dict | None]:
@@ -187,7 +187,7 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
         if not admitted[step][0]:
             return False
         counts = allocate(cfg.trainer.prompts_per_step, admitted[step][0], step_seed(cfg.seed, step, "allocate"))
-        stream.submit(Ticket(step, version, counts, weights, eval_step, levels=levels.weights() or None))
+        stream.submit(Ticket(step, version, counts, weights, eval_step, levels=level_signal.weights() or None))
         return True
 
     pending = unreported_evals(rd, cfg.eval.every, start_step, cfg.trainer.steps - K) if K > 0 and state else []
@@ -223,9 +223,9 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
         rewards = torch.tensor([overlong_rewards(g.rewards, f, cfg.trainer.overlong) for g, f in zip(groups, finished)])
         flat = zero_variance_groups(rewards) if cfg.trainer.drop_zero_variance else torch.zeros(len(groups), dtype=torch.bool)
         adv = group_advantages(rewards, [g.task.domain for g in groups])
-        if levels.levels:  # the level curriculum follows which levels' groups carried a signal
+        if level_signal.levels:  # the level curriculum follows which levels' groups carried a signal
             no_signal = flat if cfg.trainer.drop_zero_variance else zero_variance_groups(rewards)
-            levels.update((g.task.domain, g.task.difficulty, not bool(no_signal[i])) for i, g in enumerate(groups))
+            level_signal.update((g.task.domain, g.task.difficulty, not bool(no_signal[i])) for i, g in enumerate(groups))
         keep = [i for i in range(len(groups)) if not flat[i] and fresh[i]]
         # 4. loss and optimizer step
         stats, coefs = {}, dict(kl.coefs)
@@ -249,8 +249,9 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
         record["weight_reasons"] = reasons_line(weight_reasons or {d: "static: the run file's weight" for d in weights},
                                                 said["weight_reasons"], sparse)
         record["kl_coef"] = {d: coefs[d] for d in sorted(coefs)}
-        if levels.levels:  # the level weights the next admitted step draws with
-            record["level_weights"] = {d: dict(zip(map(str, levels.levels[d]), w)) for d, w in levels.weights().items()}
+        if level_signal.levels:  # the level weights the next admitted step draws with
+            record["level_weights"] = {d: dict(zip(map(str, level_signal.levels[d]), w))
+                                       for d, w in level_signal.weights().items()}
         record["kl_coef_reasons"] = reasons_line(dict(kl.reasons), said["kl_coef_reasons"], sparse)
         for ev in evals:  # an evaluation the rollout role ran beside training (max_staleness > 0)
             record["eval"] = ev.results
@@ -302,7 +303,7 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
                        **trainer.state(),
                        "curriculum": curriculum.state_dict() if curriculum else None, "kl": kl.state_dict(),
                        "on_flag": on_flag.state_dict(), "monitor": monitor.state_dict(),
-                       "level_signal": levels.state_dict()})
+                       "level_signal": level_signal.state_dict()})
         display.step(record)
         steps_done = step + 1
         if stop_after is not None and steps_done - start_step >= stop_after:

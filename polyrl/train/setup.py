@@ -171,25 +171,32 @@ def draw_tasks(specs: dict[str, DomainSpec], counts: dict[str, int], seed: int, 
     """A step's training prompts: counts[d] train tasks of each domain d, seeded by (run seed, step, d).
     A domain with no prompts this step is not asked (it may be one of hundreds). `levels` gives
     some domains' level weights for this draw (rl/level_curriculum.py)."""
-    levels = levels or {}
-    return [t for d, k in counts.items() if k
-            for t in (reweighted(specs[d].source, levels[d]) if d in levels else specs[d].source)
-            .sample("train", k, step_seed(seed, step, d))]
+    drawn: list[Task] = []
+    for d, k in counts.items():
+        if k:
+            source = reweighted(specs[d].source, levels[d]) if levels and d in levels else specs[d].source
+            drawn += source.sample("train", k, step_seed(seed, step, d))
+    return drawn
+
+
+def _draws_levels(source: Domain) -> bool:
+    """Whether `source` itself draws difficulty levels by weights (a generated domain's `levels`, `weights`)."""
+    return hasattr(source, "levels") and hasattr(source, "weights")
 
 
 def level_source(source: Domain) -> Domain | None:
     """The generated domain under `source`'s wrappers (a name, a quarantine), when it draws
-    difficulty levels by weights (`levels`, `weights`); None for one without levels (a pack)."""
-    while not hasattr(source, "levels") and hasattr(source, "inner"):
+    difficulty levels by weights; None for one without levels (a pack)."""
+    while not _draws_levels(source) and hasattr(source, "inner"):
         source = source.inner
-    return source if hasattr(source, "levels") and hasattr(source, "weights") else None
+    return source if _draws_levels(source) else None
 
 
 def reweighted(source: Domain, weights: tuple[float, ...]) -> Domain:
     """A copy of `source` that draws its levels by `weights` (its wrappers copied down to the
     generated domain); `source` itself, whose held-out set was drawn by its own weights, is untouched."""
     out = copy.copy(source)
-    if hasattr(source, "levels") and hasattr(source, "weights"):
+    if _draws_levels(source):
         out.weights = tuple(weights)
     else:
         out.inner = reweighted(source.inner, weights)
