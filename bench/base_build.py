@@ -12,7 +12,8 @@ encoding). Arms, interleaved repeat by repeat:
 
 - "before": rows of 512 tokens, float32 products (the recipe up to 2026-12-06);
 - "rows 256": rows of 256 tokens, float32 products;
-- "after": rows of 256 tokens, bfloat16 products where the CPU has AMX (today's recipe).
+- "after": rows of 256 tokens, bfloat16 products where the CPU multiplies them natively (AMX or
+  AVX512-BF16; today's recipe).
 
 Every arm trains on the same demonstrations in the same order; only the row length and
 the products' dtype differ. Seconds per step are projected to the full recipe's 1,000 steps.

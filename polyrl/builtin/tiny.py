@@ -5,7 +5,8 @@ conversations of the built-in domains' TRAIN splits (math, code, agent episodes 
 alignment requests); then
 a small Llama-family model is trained from scratch by supervised fine-tuning on
 demonstrations packed into rows (`pack`), with loss on the assistant turns only, its
-matrix products in bfloat16 where the CPU has AMX (`TinyRecipe.bf16_products`).
+matrix products in bfloat16 where the CPU multiplies bfloat16 natively (AMX or AVX512-BF16;
+`TinyRecipe.bf16_products`).
 Held-out tasks are never seen.
 
 Imperfect by design, so RL has headroom: the demonstrations come from a *noisy
@@ -68,7 +69,7 @@ class TinyRecipe:
     token, so rows just above the longest demonstration (224 tokens) build fastest."""
     bf16_products: bool = True
     """Matrix products in bfloat16 (autocast, float32 weights and optimizer) on a CPU that
-    multiplies bfloat16 natively (AMX); float32 on others, where bfloat16 is slower. Attention,
+    multiplies bfloat16 natively (AMX or AVX512-BF16); float32 on others, where bfloat16 is slower. Attention,
     norms and the loss stay float32 either way. The model card records which ran."""
     lr: float = 3e-3
     warmup: int = 50
@@ -246,7 +247,7 @@ def build_tiny_model(recipe: TinyRecipe, out_dir: Path, log: Callable[[str], Non
                          f"{cfg.max_position_embeddings} positions")
     row = max(recipe.pack_length, longest)
     bf16 = recipe.bf16_products and native_bf16()
-    log(f"  products in {'bfloat16 (AMX)' if bf16 else 'float32'}, rows of {row} tokens")
+    log(f"  products in {'bfloat16' if bf16 else 'float32'}, rows of {row} tokens")
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.1)
     model.train()
     from tqdm import tqdm
@@ -284,12 +285,12 @@ def build_tiny_model(recipe: TinyRecipe, out_dir: Path, log: Callable[[str], Non
 
 
 def native_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 matrices natively (AMX tiles), where bfloat16
-    products beat float32 ones; elsewhere torch emulates them, slower than float32."""
-    try:
-        return bool(torch.cpu._is_amx_tile_supported())
-    except AttributeError:  # a torch without the probe
-        return False
+    """Whether this CPU multiplies bfloat16 matrices natively, where bfloat16 products beat
+    float32 ones: AMX tiles (Intel from Sapphire Rapids) or AVX512-BF16 (AMD from Zen 4,
+    Intel from Cooper Lake; 1.32x on the 2-core AMD EPYC, BENCHMARKS.md). Elsewhere torch
+    emulates them, slower than float32."""
+    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(bool(getattr(torch.cpu, probe, lambda: False)()) for probe in probes)  # a torch without one: no
 
 
 def pack(batch: list[Segment], length: int) -> tuple[torch.Tensor, ...]:
