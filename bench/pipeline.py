@@ -54,7 +54,8 @@ if arm.get("threads"):
 cfg = default_config()
 trainer = cfg.trainer.model_copy(update={"steps": arm["steps"], "max_minutes": None, "max_staleness": arm["k"],
                                          "checkpoint_every": 10**6})
-cluster = cfg.cluster.model_copy(update={"backend": arm["backend"], "trainer_actors": arm.get("trainer_actors", 0)})
+cluster = cfg.cluster.model_copy(update={"backend": arm["backend"], "trainer_actors": arm.get("trainer_actors", 0),
+                                         "split_cores": arm.get("split_cores", False)})
 ev = cfg.eval.model_copy(update={"every": arm["eval_every"]})
 engine = cfg.engine
 if arm.get("workers"):
@@ -69,8 +70,10 @@ def run_arm(k: int, seed: int, steps: int, eval_every: int, backend: str, work: 
             threads: int = 0) -> dict:
     trainer_actors = 1 if backend == "ray-trainer" else 0
     run_dir = work / f"{backend}-k{k}-w{workers}-t{threads}-s{seed}"
-    arm = {"k": k, "seed": seed, "steps": steps, "eval_every": eval_every, "backend": backend.removesuffix("-trainer"),
-           "run_dir": str(run_dir), "workers": workers, "threads": threads, "trainer_actors": trainer_actors}
+    arm = {"k": k, "seed": seed, "steps": steps, "eval_every": eval_every,
+           "backend": backend.removesuffix("-trainer").removesuffix("-cores"), "run_dir": str(run_dir),
+           "workers": workers, "threads": threads, "trainer_actors": trainer_actors,
+           "split_cores": backend == "local-cores"}
     start, cpu0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(arm)], cwd=ROOT, capture_output=True, text=True,
                          env={**os.environ, "RAY_AUTH_MODE": "disabled"})
@@ -125,6 +128,8 @@ def main() -> None:
     p.add_argument("--ray-ks", type=int, nargs="*", default=[0, 1], help="arms on the Ray backend (first seed only)")
     p.add_argument("--ray-trainer-ks", type=int, nargs="*", default=[],
                    help="arms on the Ray backend with the trainer as an actor too (cluster.trainer_actors: 1; first seed only)")
+    p.add_argument("--split-cores-ks", type=int, nargs="*", default=[],
+                   help="local arms with cluster.split_cores: the trainer on half the cores, the roles on the rest")
     p.add_argument("--split", nargs="*", default=[], metavar="K:WORKERS:THREADS",
                    help="extra local arms with the cores split: engine workers and the trainer's torch threads")
     p.add_argument("--json", help="write every arm's figures here")
@@ -134,6 +139,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="polyrl-pipeline-") as tmp:
         for seed in args.seeds:
             arms = [("local", k, 0, 0) for k in args.ks] + [("local", *map(int, x.split(":"))) for x in args.split]
+            arms += [("local-cores", k, 0, 0) for k in args.split_cores_ks]
             arms += [("ray", k, 0, 0) for k in args.ray_ks if seed == args.seeds[0]]
             arms += [("ray-trainer", k, 0, 0) for k in args.ray_trainer_ks if seed == args.seeds[0]]
             for backend, k, workers, threads in arms:

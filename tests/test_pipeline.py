@@ -21,11 +21,12 @@ def model_dir(tmp_path, monkeypatch):
     torch.use_deterministic_algorithms(False)
 
 
-def run(model_dir, path, K, backend="local", steps=6, **kw):
+def run(model_dir, path, K, backend="local", steps=6, split=False, log=lambda *_: None, **kw):
     cfg = config(model_dir, steps=steps)
     cfg.trainer.max_staleness = K
     cfg.cluster.backend = backend
-    return train(cfg, path, log=lambda *_: None, **kw)
+    cfg.cluster.split_cores = split
+    return train(cfg, path, log=log, **kw)
 
 
 def lines(path):

@@ -44,6 +44,10 @@ class ClusterConfig(BaseModel):
     trainer_actors: int = Field(0, ge=0, le=1024)
     """0: the trainer runs in the driver process, beside the run directory; N (ray only; 1..1024): N
     trainer actors, the policy sharded among them with FSDP (polyrl/train/ray_trainer.py)"""
+    split_cores: bool = False
+    """local backend: the trainer's threads on half of this machine's cores, the engine workers,
+    sandboxes and role threads on the other half (pipeline/cores.py), so that with max_staleness > 0
+    the overlapped phases stop taking turns on the same cores"""
     reward_replicas: int = Field(1, ge=1, le=1024)
     """reward actors (ray only; 1..1024), each with its own verifiers (sandbox pool, reward models) and
     `reward` resources: a step's groups are split among them and scored at once"""
@@ -56,4 +60,8 @@ class ClusterConfig(BaseModel):
             if n > local and self.backend != "ray":
                 raise ValueError(f"{name}: {n} needs backend: ray (the local backends run {what}); "
                                  "set it here or run `polyrl train RUN --ray`")
+        if self.split_cores and self.backend != "local":
+            raise ValueError(f"split_cores: true needs backend: local (with {self.backend!r} "
+                             + ("the roles are one after another in one thread)" if self.backend == "inline"
+                                else "Ray places each actor on the cores its resources ask for)"))
         return self

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from polyrl.pipeline.cores import CoreSplit
 from polyrl.pipeline.openmp import one_thread_here
 from polyrl.pipeline.roles import EvalBatch, RolloutBatch, Ticket
 
@@ -42,11 +43,13 @@ _DONE = object()
 
 
 class Stream:
-    def __init__(self, rollout: Any, reward: Any, depth: int, one_thread: tuple[str, ...] = ()) -> None:
+    def __init__(self, rollout: Any, reward: Any, depth: int, one_thread: tuple[str, ...] = (),
+                 cores: CoreSplit | None = None) -> None:
         """one_thread: the roles ("rollout", "reward") whose threads run torch's kernels on one
-        OpenMP thread (openmp.py): those whose heavy work happens elsewhere."""
+        OpenMP thread (openmp.py): those whose heavy work happens elsewhere. cores: the roles'
+        threads pin themselves to cores.roles (cores.py)."""
         self.rollout, self.reward = rollout, reward
-        self.one_thread = one_thread
+        self.one_thread, self.cores = one_thread, cores
         self.tickets: queue.Queue = queue.Queue()
         self.rolled: queue.Queue = queue.Queue(maxsize=depth)
         self.scored: queue.Queue = queue.Queue(maxsize=depth)
@@ -84,6 +87,8 @@ class Stream:
     # ---- the roles' threads
 
     def _rollout_loop(self) -> None:
+        if self.cores:
+            self.cores.pin_role_thread()
         if "rollout" in self.one_thread:
             one_thread_here()
         while True:
@@ -99,6 +104,8 @@ class Stream:
                     return
 
     def _reward_loop(self) -> None:
+        if self.cores:
+            self.cores.pin_role_thread()
         if "reward" in self.one_thread:
             one_thread_here()
         while True:

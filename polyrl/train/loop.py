@@ -44,7 +44,7 @@ from polyrl.config import RunConfig
 from polyrl.models.hf_io import save_weights
 from polyrl.models.loading import resolve_model_dir
 from polyrl.obs.records import PHASE, ObsRecord, Recorder, Tee, stamped
-from polyrl.pipeline.backend import one_thread_roles, start_roles
+from polyrl.pipeline.backend import one_thread_roles, split_cores, start_roles
 from polyrl.pipeline.roles import EvalBatch, RolloutBatch, Ticket
 from polyrl.pipeline.staleness import staleness_stats
 from polyrl.pipeline.stream import InlineStream, Stream
@@ -175,7 +175,9 @@ def _train(cfg: RunConfig, rd: RunDir, resume: bool, log: Callable[[str], None],
     if cfg.cluster.backend == "inline":
         stream = InlineStream(roles.rollout, roles.reward, depth=K + 1)
     else:
-        stream = Stream(roles.rollout, roles.reward, depth=K + 1, one_thread=one_thread_roles(cfg))
+        cores, undo = split_cores(cfg, log)
+        closing.callback(undo)
+        stream = Stream(roles.rollout, roles.reward, depth=K + 1, one_thread=one_thread_roles(cfg), cores=cores)
     closing.callback(stream.close)
     admitted: dict[int, tuple] = {}  # step -> the shares its rollout drew with (the metrics line names them)
     sparse = len(specs) > cfg.trainer.prompts_per_step  # more domains than a batch holds: reasons only when changed
