@@ -69,8 +69,9 @@ class TinyRecipe:
     token, so rows just above the longest demonstration (224 tokens) build fastest."""
     bf16_products: bool = True
     """Matrix products in bfloat16 (autocast, float32 weights and optimizer) on a CPU that
-    multiplies bfloat16 natively (AMX or AVX512-BF16); float32 on others, where bfloat16 is slower. Attention,
-    norms and the loss stay float32 either way. The model card records which ran."""
+    multiplies bfloat16 natively (AMX or AVX512-BF16, `native_bf16`); float32 on others, where
+    bfloat16 is slower. Attention, norms and the loss stay float32 either way. The model card
+    records which ran."""
     lr: float = 3e-3
     warmup: int = 50
     slip_rate: float = 0.2
@@ -287,7 +288,7 @@ def build_tiny_model(recipe: TinyRecipe, out_dir: Path, log: Callable[[str], Non
 def native_bf16() -> bool:
     """Whether this CPU multiplies bfloat16 matrices natively, where bfloat16 products beat
     float32 ones: AMX tiles (Intel from Sapphire Rapids) or AVX512-BF16 (AMD from Zen 4,
-    Intel from Cooper Lake; 1.32x on the 2-core AMD EPYC, BENCHMARKS.md). Elsewhere torch
+    Intel from Cooper Lake; 1.40x on the 2-core AMD EPYC, BENCHMARKS.md). Elsewhere torch
     emulates them, slower than float32."""
     probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
     return any(bool(getattr(torch.cpu, probe, lambda: False)()) for probe in probes)  # a torch without one: no

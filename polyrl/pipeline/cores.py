@@ -11,7 +11,10 @@ On a machine with few cores every phase then shares every core: the engine worke
 sandboxes and the trainer's torch threads are scheduled onto the same cores in turn, and each
 phase slows (BENCHMARKS.md, the pipeline: the update 0.38 s -> 0.98 s a step on 2 cores).
 Splitting the cores gives each side cores of its own: the trainer's threads on one part, the
-engine worker processes, the sandboxes and the role threads on the other.
+engine worker processes, the sandboxes and the role threads on the other. On the 2-core
+CPU that made K = 1 run at 0.78x of the synchronous loop instead of 0.74x: each phase then
+has one core where it had two (BENCHMARKS.md, the pipeline). It is for runs with K > 0 on a
+CPU with cores to spare, not a way to beat K = 0 on two.
 
 Affinity is set per thread on Linux (`sched_setaffinity` on a thread id); a thread or a
 process started later inherits the affinity of the thread that starts it. So `apply` sets
