@@ -2,6 +2,7 @@
 below it and the roles' threads on the others; nothing a run learns changes."""
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -29,13 +30,15 @@ def test_descendants_reach_grandchildren():
                               "import subprocess, sys; p = subprocess.Popen(['sleep', '30']); "
                               "print(p.pid, flush=True); sys.stdin.read()"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    grandchild = None
     try:
         grandchild = int(child.stdout.readline())
         assert {child.pid, grandchild} <= set(_descendants(os.getpid()))
     finally:
+        if grandchild is not None:
+            os.kill(grandchild, signal.SIGKILL)
         child.kill()
         child.wait()
-        subprocess.run(["pkill", "-P", str(child.pid)], check=False)
 
 
 @needs_two
