@@ -98,3 +98,21 @@ def _build_small_model(cache: Path) -> Path:
             os.environ.pop("POLYRL_CACHE")
         else:
             os.environ["POLYRL_CACHE"] = old
+
+
+def float_mismatches(got, want, path: str = "", rel: float = 1e-5, abs_: float = 1e-7) -> list[str]:
+    """Where two JSON-like trees differ: keys, lengths, strings, integers and booleans exactly,
+    floats beyond `rel`/`abs_` (a recorded run replayed on another CPU rounds its float32
+    kernels differently, by about 1e-7). Empty when they agree."""
+    if isinstance(want, dict) and isinstance(got, dict):
+        if got.keys() != want.keys():
+            return [f"{path}: keys {sorted(got.keys() ^ want.keys())}"]
+        return [m for k in want for m in float_mismatches(got[k], want[k], f"{path}/{k}", rel, abs_)]
+    if isinstance(want, list) and isinstance(got, list):
+        if len(got) != len(want):
+            return [f"{path}: {len(got)} items, {len(want)} recorded"]
+        return [m for i, (g, w) in enumerate(zip(got, want)) for m in float_mismatches(g, w, f"{path}[{i}]", rel, abs_)]
+    if isinstance(want, float) and isinstance(got, (int, float)) and not isinstance(got, bool):
+        close = abs(got - want) <= max(abs_, rel * max(abs(got), abs(want)))
+        return [] if close else [f"{path}: {got!r}, {want!r} recorded"]
+    return [] if got == want else [f"{path}: {got!r}, {want!r} recorded"]

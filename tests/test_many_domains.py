@@ -16,7 +16,7 @@ from polyrl.rl.curriculum import CapabilityCurriculum, allocate
 from polyrl.train import setup
 from polyrl.train.evaluate import eval_domains
 from polyrl.train.loop import train
-from tests.helpers import random_model_dir
+from tests.helpers import float_mismatches, random_model_dir
 from tests.many_domains_runs import four_domain_run, generated_run
 from tests.test_train import comparable
 
@@ -87,13 +87,14 @@ def test_curriculum_moves_on_an_evaluation_of_some_domains():
 
 
 def test_a_four_domain_run_is_unchanged(tmp_path, parity_reward):
-    """The metrics of a 4-domain run, as the code before generated domains wrote them (tests/data)."""
+    """The metrics of a 4-domain run, as the code before generated domains wrote them (tests/data):
+    every count, reward and choice as recorded, floats up to the rounding of another CPU."""
     model = random_model_dir(tmp_path / "model")
     train(load_config_text(four_domain_run(model, tmp_path / "pack.jsonl")), tmp_path / "run", log=lambda *_: None)
     golden = json.loads((Path(__file__).parent / "data" / "four_domain_metrics.json").read_text())
     got = json.loads(json.dumps({"metrics": comparable(tmp_path / "run" / "metrics.jsonl"),
                                  "after": json.loads((tmp_path / "run" / "eval" / "after.json").read_text())}))
-    assert got == golden
+    assert float_mismatches(got, golden) == []
 
 
 def test_hundred_domains_train_touching_only_the_batch(tmp_path, parity_reward, model_dir, monkeypatch):
