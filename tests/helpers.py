@@ -84,6 +84,30 @@ def small_trained_model_dir(cache: Path) -> Path:
     return _small_model
 
 
+class _Built:
+    """An entry point stand-in whose model is already built."""
+
+    def __init__(self, model_dir: Path):
+        self.model_dir = model_dir
+
+    def load(self):
+        return lambda log=print, **_: self.model_dir
+
+
+def builtin_tiny_as_small(cache: Path):
+    """A MonkeyPatch (undo it when done) under which builtin:tiny names the small recipe's model:
+    for tests of what a command does with a built-in name (or its tokenizer), where the full
+    model would take minutes to build on a machine with an empty cache."""
+    import pytest
+
+    from polyrl.models import loading
+
+    model_dir = small_trained_model_dir(cache)
+    patch = pytest.MonkeyPatch()
+    patch.setattr(loading, "builtin_models", lambda real=loading.builtin_models(): {**real, "tiny": _Built(model_dir)})
+    return patch
+
+
 def _build_small_model(cache: Path) -> Path:
     import os
 

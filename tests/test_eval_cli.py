@@ -11,11 +11,10 @@ import pytest
 import polyrl.evals.session as session
 from polyrl.cli import main
 from polyrl.evals.models import ModelError, _local_dir
-from polyrl.models import loading
 from polyrl.models.loading import resolve_model_dir
 from polyrl.obs.records import DOMAIN, OUTPUT_TOKENS, PHASE
 from polyrl.obs.store import read_records
-from tests.helpers import small_trained_model_dir
+from tests.helpers import builtin_tiny_as_small
 
 TASK_KEYS = {"id", "model", "tag", "domain", "verifier", "agent", "line", "success", "reward", "status", "answer",
              "expected", "tokens_in", "tokens_out", "cached_tokens", "model_calls", "tool_calls", "tool_errors",
@@ -27,24 +26,12 @@ MODEL_KEYS = {"model", "kind", "context_window", "tasks", "successes", "success_
 WORLD = {"items": {"pen": {"price": 12, "stock": 3}, "cup": {"price": 7, "stock": 5}}, "notes": {}}
 
 
-class _Built:
-    """An entry point stand-in whose model is already built."""
-
-    def __init__(self, model_dir):
-        self.model_dir = model_dir
-
-    def load(self):
-        return lambda log=print, **_: self.model_dir
-
-
 @pytest.fixture(scope="module", autouse=True)
 def small_builtin(tmp_path_factory):
     """builtin:tiny names the small test recipe's model in this module: the command's handling of
     a built-in name is what is tested, and the full model takes minutes to build on a clean machine."""
-    model_dir = small_trained_model_dir(tmp_path_factory.mktemp("cache"))
-    patch = pytest.MonkeyPatch()
-    patch.setattr(loading, "builtin_models", lambda real=loading.builtin_models(): {**real, "tiny": _Built(model_dir)})
-    yield model_dir
+    patch = builtin_tiny_as_small(tmp_path_factory.mktemp("cache"))
+    yield
     patch.undo()
 
 

@@ -24,12 +24,22 @@ from polyrl.evals.limits import EvalLimits
 from polyrl.evals.runner import Verifiers, run_task
 from polyrl.evals.suite import load_suite
 from tests.agent_fakes import count_chars
+from tests.helpers import builtin_tiny_as_small
 
 WITH_TOOLS = {"agent", "ops", "swe"}
 
 
+@pytest.fixture(scope="module")
+def small_builtin(tmp_path_factory):
+    """builtin:tiny as the small test recipe's model: longctx packs measure their documents in
+    the model's tokens, and the full model takes minutes to build on a machine with an empty cache."""
+    patch = builtin_tiny_as_small(tmp_path_factory.mktemp("cache"))
+    yield
+    patch.undo()
+
+
 @pytest.mark.parametrize("domain", ["math", "code", "agent", "alignment", "longctx", "swe", "ops"])
-def test_a_generated_pack_loads_as_a_suite(tmp_path, domain):
+def test_a_generated_pack_loads_as_a_suite(tmp_path, domain, small_builtin):
     path = tmp_path / f"{domain}.jsonl"
     assert main(["pack", domain, "-n", "3", "-o", str(path)]) == 0
     suite = load_suite(path)
