@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from polyrl.models.config import ModelConfig
 from polyrl.models.tokenizer import Tokenizer, save_tokenizer, train_tiny_tokenizer
@@ -94,18 +96,19 @@ class _Built:
         return lambda log=print, **_: self.model_dir
 
 
-def builtin_tiny_as_small(cache: Path):
-    """A MonkeyPatch (undo it when done) under which builtin:tiny names the small recipe's model:
-    for tests of what a command does with a built-in name (or its tokenizer), where the full
-    model would take minutes to build on a machine with an empty cache."""
+@contextmanager
+def builtin_tiny_as_small(cache: Path) -> Iterator[Path]:
+    """Within it, builtin:tiny names the small recipe's model (built into `cache`): for tests of
+    what a command does with a built-in name (or its tokenizer), where the full model would take
+    minutes to build on a machine with an empty cache."""
     import pytest
 
     from polyrl.models import loading
 
     model_dir = small_trained_model_dir(cache)
-    patch = pytest.MonkeyPatch()
-    patch.setattr(loading, "builtin_models", lambda real=loading.builtin_models(): {**real, "tiny": _Built(model_dir)})
-    return patch
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loading, "builtin_models", lambda real=loading.builtin_models(): {**real, "tiny": _Built(model_dir)})
+        yield model_dir
 
 
 def _build_small_model(cache: Path) -> Path:

@@ -30,9 +30,8 @@ WORLD = {"items": {"pen": {"price": 12, "stock": 3}, "cup": {"price": 7, "stock"
 def small_builtin(tmp_path_factory):
     """builtin:tiny names the small test recipe's model in this module: the command's handling of
     a built-in name is what is tested, and the full model takes minutes to build on a clean machine."""
-    patch = builtin_tiny_as_small(tmp_path_factory.mktemp("cache"))
-    yield
-    patch.undo()
+    with builtin_tiny_as_small(tmp_path_factory.mktemp("cache")):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -33,9 +33,8 @@ WITH_TOOLS = {"agent", "ops", "swe"}
 def small_builtin(tmp_path_factory):
     """builtin:tiny as the small test recipe's model: longctx packs measure their documents in
     the model's tokens, and the full model takes minutes to build on a machine with an empty cache."""
-    patch = builtin_tiny_as_small(tmp_path_factory.mktemp("cache"))
-    yield
-    patch.undo()
+    with builtin_tiny_as_small(tmp_path_factory.mktemp("cache")):
+        yield
 
 
 @pytest.mark.parametrize("domain", ["math", "code", "agent", "alignment", "longctx", "swe", "ops"])
