@@ -2,6 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python bench/context_stages.py --tokens 2000000 --seeds 0 1 2
     PYTHONPATH=. .venv/bin/python bench/context_stages.py --kinds variable_tracking --split 5,1,2 ...
+    PYTHONPATH=. .venv/bin/python bench/context_stages.py --kinds consistency --level 0 ...
 
 Arms (every trained arm gets the same number of training tokens, documents of the
 long-context domain's train split; see polyrl/train/context_stages.py):
@@ -78,6 +79,8 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=2_000_000, help="training tokens of every trained arm")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--kinds", default="needle")
+    p.add_argument("--level", type=int, default=1, choices=[0, 1, 2, 3, 4],
+                   help="difficulty level of training and held-out questions (0: the warm-up)")
     p.add_argument("--lengths", default="512,1024,2048,4096,8192")
     p.add_argument("--per-length", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
@@ -87,7 +90,7 @@ def main() -> None:
     p.add_argument("-o", "--out", help="write every record to this JSON file")
     args = p.parse_args()
     lengths = tuple(int(x) for x in args.lengths.split(","))
-    base = {"kinds": tuple(args.kinds.split(",")), "lr": args.lr, "batch_tokens": args.batch_tokens,
+    base = {"kinds": tuple(args.kinds.split(",")), "level": args.level, "lr": args.lr, "batch_tokens": args.batch_tokens,
             "eval": EvalSpec(lengths=lengths, per_length=args.per_length)}
     split = tuple(int(x) for x in args.split.split(","))
     chosen = {k: v for k, v in arms(args.tokens, split).items() if k in args.arms.split(",")}  # type: ignore[arg-type]
@@ -101,7 +104,8 @@ def main() -> None:
                       {n: (c["accuracy"], c["answer_nll"]) for n, c in record["lengths"].items()}, flush=True)
                 if args.out:  # after every arm, so a run cut short keeps what it measured
                     Path(args.out).write_text(json.dumps(records, indent=1))
-    print(f"\n{args.tokens:,} training tokens per trained arm (staged: eighths {args.split}); kinds {args.kinds}; "
+    print(f"\n{args.tokens:,} training tokens per trained arm (staged: eighths {args.split}); kinds {args.kinds} "
+          f"at level {args.level}; "
           f"{args.per_length} held-out "
           f"questions per length; seeds {args.seeds}; medians over seeds; every arm scored with YaRN x16")
     print("answer accuracy (%)")

@@ -52,6 +52,7 @@ def test_a_schedule_file_loads_with_its_defaults(tmp_path: Path) -> None:
     ("kinds: [haystack]\nstages:\n  - {max_length: 512, tokens: 10}\n", "choose from"),
     ("stages:\n  - {max_length: 512, tokens: 0}\n", ":2: stages[0].tokens"),
     ("stages:\n  - {max_length: 512, tokens: 10, lenght: 3}\n", "lenght"),
+    ("stages:\n  - {max_length: 512, rope: none, tokens: 10, level: 5}\n", "stages[0].level"),
     ("stages: []\n", "stages"),
     ("eval: {lengths: [1024, 512]}\nstages:\n  - {max_length: 512, tokens: 10}\n", "increasing"),
     ("- just a list\n", "expected a mapping"),
@@ -61,6 +62,22 @@ def test_a_bad_schedule_is_one_line_naming_the_field(tmp_path: Path, text: str, 
         load_schedule(_write(tmp_path, text))
     assert expected in str(err.value) and str(tmp_path / "stages.yaml") in str(err.value)
     assert len(str(err.value).splitlines()) == 1
+
+
+def test_a_stage_level_sets_its_documents_level_and_eval_keeps_the_schedules(model_dir: Path) -> None:
+    """A warm-up stage (`level: 0`) draws its training documents at level 0; a stage that names
+    no level draws at the schedule's, which the held-out evaluation uses."""
+    from polyrl.train.context_stages import DocumentStream
+
+    schedule = Schedule(model=str(model_dir), kinds=("consistency",), level=1,
+                        stages=(Stage(max_length=512, rope="none", tokens=10, level=0),
+                                Stage(max_length=512, rope="none", tokens=10)))
+    tokenizer = Tokenizer.from_dir(model_dir)
+    for index, level in ((0, 0), (1, 1)):
+        stream = DocumentStream(schedule, schedule.stages[index], index, tokenizer)
+        stream.next()
+        drawn = [t.difficulty for queue in stream.pending.values() for t in queue]
+        assert drawn and set(drawn) == {level}
 
 
 def test_a_stage_scales_the_original_config() -> None:

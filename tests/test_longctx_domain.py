@@ -134,10 +134,27 @@ def test_consistency_has_exactly_one_contradiction_even_with_restatements() -> N
         assert _solve(task) == core.answer
 
 
+def test_level_0_is_a_warm_up_drawn_only_when_named(tok) -> None:
+    """Level 0: one hop and no distractors; a consistency question's contradiction is the only
+    repeated fact, so a repeat gives the answer; level 1 adds agreeing restatements."""
+    import random
+
+    assert 0 not in LongContextDomain(tokenizer=tok).levels
+    tasks = LongContextDomain(levels=(0,), tokenizer=tok, tokens=TOKENS).sample("train", 36, seed=2)
+    assert {t.data["kind"] for t in tasks} == set(KINDS) and all(t.difficulty == 0 for t in tasks)
+    for task in tasks:
+        assert _solve(task) == int(task.answer), task.id
+    for seed in range(100):
+        subjects = [re.sub(r" \d+( \w+)?\.$", "", n.split(": ", 1)[1]) for n in consistency(random.Random(seed), 0).needles]
+        assert len(subjects) == 4 and len(set(subjects)) == 3
+    assert any(len(set(re.sub(r" \d+( \w+)?\.$", "", n.split(": ", 1)[1]) for n in core.needles)) < len(core.needles) - 1
+               for core in (consistency(random.Random(seed), 1) for seed in range(100)))
+
+
 @pytest.mark.parametrize(
     ("options", "match"),
     [
-        ({"levels": (5,)}, r"longctx levels must be a non-empty subset of \(1, 2, 3, 4\)"),
+        ({"levels": (5,)}, r"longctx levels must be a non-empty subset of \(0, 1, 2, 3, 4\)"),
         ({"kinds": ("haystack",)}, r"longctx kinds must be a non-empty subset of \('variable_tracking'"),
         ({"tokens": 10}, r"longctx tokens must be an integer >= 128"),
         ({"tokenizer": 3}, r"longctx tokenizer must be a model directory, builtin:NAME or an object with encode"),
@@ -176,10 +193,11 @@ def test_assemble_keeps_ordered_evidence_in_order(tok) -> None:
     assert positions == sorted(positions)
 
 
-@pytest.mark.parametrize(("level", "bound"), [(1, 0.5), (2, 0.35)])
+@pytest.mark.parametrize(("level", "bound"), [(0, 0.4), (1, 0.5), (2, 0.35)])
 def test_no_position_answers_most_consistency_questions(tok, level: int, bound: float) -> None:
     """The contradiction comes after the fact it contradicts, and agreeing statements may follow
-    it, so "the last statement" (or any fixed place) is no shortcut to the answer."""
+    it, so "the last statement" (or any fixed place) is no shortcut to the answer. At level 0
+    the contradiction is second, third or last with equal chances."""
     tasks = LongContextDomain(levels=(level,), kinds=("consistency",), tokenizer=tok).sample("heldout", 200, seed=0)
     from_end = Counter()
     for task in tasks:

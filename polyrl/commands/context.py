@@ -61,7 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                     help="prompt lengths in the model's tokens, comma-separated (default 256 to 16384)")
     ev.add_argument("--per-cell", type=at_least(1), default=8, metavar="N", help="questions per kind and length")
     ev.add_argument("--kinds", help="comma-separated kinds (default: every kind and the needle control)")
-    ev.add_argument("--level", type=int, default=1, choices=[1, 2, 3, 4], help="difficulty level (default 1)")
+    ev.add_argument("--level", type=int, default=1, choices=[0, 1, 2, 3, 4],
+                    help="difficulty level (default 1; 0 is the warm-up)")
     ev.add_argument("--max-tokens", type=at_least(1), default=32, help="completion tokens per answer")
     ev.add_argument("--tokenizer", default="builtin:tiny",
                     help="tokenizer that measures lengths for openai: models (local models use their own)")

@@ -25,7 +25,10 @@ evaluation, polyrl/evals/context_sweep.py, runs it beside the kinds above).
 
 Every answer is an integer, graded by `answer_verify` (boxed). Difficulty levels raise
 hops, distractors, facts and counts, and the default length (LEVEL_TOKENS); the
-`tokens` option sets one length for every level (a length sweep). Which split a task
+`tokens` option sets one length for every level (a length sweep). Level 0, a warm-up for
+training, is drawn only when named: one hop, no distractors, 512 tokens, and consistency
+questions whose contradiction is the only repeated fact (level 1 adds agreeing restatements,
+so that a repeat alone no longer gives the answer away: the values must be compared). Which split a task
 belongs to is a stable hash of its evidence and question (`hash_split`), decided before
 the document is assembled, so train and held-out never share a question.
 
@@ -46,14 +49,17 @@ from polyrl.domains.pack import check_split, hash_split
 from polyrl.types import Task
 
 LEVELS = (1, 2, 3, 4)
+"""The levels drawn by default."""
+ALL_LEVELS = (0, *LEVELS)
+"""Level 0 is the warm-up, drawn only when named."""
 KINDS = ("variable_tracking", "multikey_retrieval", "consistency", "aggregation", "code_returns", "code_calls")
 CONTROLS = ("needle",)
 """Kinds drawn only when named: plain retrieval, the control of a length sweep."""
-LEVEL_TOKENS = {1: 512, 2: 1024, 3: 2048, 4: 4096}
+LEVEL_TOKENS = {0: 512, 1: 512, 2: 1024, 3: 2048, 4: 4096}
 """Default prompt length of each level, in the tokenizer's tokens."""
 MIN_TOKENS = 128
-_HOPS = {1: 1, 2: 2, 3: 3, 4: 4}
-_DISTRACTORS = {1: 1, 2: 3, 3: 6, 4: 10}
+_HOPS = {0: 1, 1: 1, 2: 2, 3: 3, 4: 4}
+_DISTRACTORS = {0: 0, 1: 1, 2: 3, 3: 6, 4: 10}
 _INSTRUCTION = "Answer with a single integer in \\boxed{}."
 
 _ADJ = ("amber", "silent", "crimson", "hollow", "bright", "velvet", "frozen", "golden", "rapid", "gentle")
@@ -109,7 +115,7 @@ class LongContextDomain:
         """`levels` (and relative `weights`), the `kinds` to draw from, `tokens`: the prompt length
         of every task (default LEVEL_TOKENS by level), `tokenizer`: the model's own (an object
         with `encode`, or a model directory / builtin:NAME whose tokenizer is loaded on first use)."""
-        self.levels, self.weights = check_levels("longctx", levels, LEVELS, weights)
+        self.levels, self.weights = check_levels("longctx", levels, ALL_LEVELS, weights)
         self.kinds, _ = check_levels("longctx", (kinds,) if isinstance(kinds, str) else tuple(kinds),
                                      KINDS + CONTROLS, noun="kinds")
         if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < MIN_TOKENS):
@@ -268,8 +274,10 @@ def multikey_retrieval(rng: random.Random, level: int) -> Core:
 
 def consistency(rng: random.Random, level: int) -> Core:
     """Facts about facilities of towns, some restated; one later statement contradicts one, and
-    up to half as many agreeing restatements of the other facts may follow it."""
-    n_facts, n_restated = {1: 3, 2: 6, 3: 10, 4: 14}[level], {1: 0, 2: 1, 3: 3, 4: 5}[level]
+    up to half as many agreeing restatements of the other facts may follow it. At level 0,
+    three facts stated once each and the contradiction, which is equally likely second, third
+    or last (a model that learns "the last one" is right a third of the time)."""
+    n_facts, n_restated = {0: 3, 1: 3, 2: 6, 3: 10, 4: 14}[level], {0: 0, 1: 0, 2: 1, 3: 3, 4: 5}[level]
     towns = set()
     while len(towns) < n_facts:
         towns.add("".join(rng.choice(_SYLLABLES) for _ in range(2)).capitalize())
@@ -289,15 +297,22 @@ def consistency(rng: random.Random, level: int) -> Core:
         order.insert(rng.randint(order.index((f, f[2])) + 1, len(order)), (f, f[2]))
     false = rng.choice(facts)
     wrong = rng.choice([v for v in range(false[1][1], false[1][2] + 1) if v != false[2]])
-    last = max(i for i, (f, _) in enumerate(order) if f == false)  # after every statement of it, so
-    order.insert(rng.randint(last + 1, len(order)), (false, wrong))  # no restatement contradicts it back
-    others = [f for f in facts if f != false]
-    # Agreeing statements after it, so that position gives the answer away less: "the last
-    # statement" was right 59% of the time at level 1; now the best position is right 46 / 31 /
-    # 25 / 13% at levels 1 to 4 (a level-1 task keeps fitting its 512 tokens).
-    for _ in range(rng.randint(0, max(1, len(others) // 2))):
-        f = rng.choice(others)
-        order.append((f, f[2]))
+    if level == 0:  # the contradiction at a uniform place after the first, its original before it
+        others = [(f, f[2]) for f in facts if f != false]
+        at = rng.randint(1, len(facts))
+        order = others[:]
+        order.insert(rng.randint(0, at - 1), (false, false[2]))
+        order.insert(at, (false, wrong))
+    else:
+        last = max(i for i, (f, _) in enumerate(order) if f == false)  # after every statement of it, so
+        order.insert(rng.randint(last + 1, len(order)), (false, wrong))  # no restatement contradicts it back
+        others = [f for f in facts if f != false]
+        # Agreeing statements after it, so that position gives the answer away less: "the last
+        # statement" was right 59% of the time at level 1; now the best position is right 46 / 31 /
+        # 25 / 13% at levels 1 to 4 (a level-1 task keeps fitting its 512 tokens).
+        for _ in range(rng.randint(0, max(1, len(others) // 2))):
+            f = rng.choice(others)
+            order.append((f, f[2]))
     labels = rng.sample(range(100, 999), len(order))
     needles = tuple(f"Statement {label}: {say(f, v)}" for label, (f, v) in zip(labels, order))
     answer = labels[order.index((false, wrong))]
@@ -307,7 +322,7 @@ def consistency(rng: random.Random, level: int) -> Core:
 
 
 def aggregation(rng: random.Random, level: int) -> Core:
-    birds = rng.sample(_BIRDS, level + 1)
+    birds = rng.sample(_BIRDS, max(2, level + 1))
     counts = {b: rng.randint(1, 2 + 2 * level) for b in birds}
     needles = tuple(f"Sighted: a {b} {rng.choice(_PLACES)}." for b in birds for _ in range(counts[b]))
     a, b = birds[0], birds[1]

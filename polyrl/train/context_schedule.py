@@ -9,7 +9,7 @@
     short_share: 0.5               # documents drawn shorter than the stage's length
     seed: 0
     stages:                        # lengths increase; each stage starts from the last one's weights
-      - {max_length: 512, rope: none, tokens: 300000}
+      - {max_length: 512, rope: none, tokens: 300000}            # level: 0 would warm the task up first
       - {max_length: 2048, rope: yarn, tokens: 150000}           # factor: max_length / the model's window
       - {max_length: 8192, rope: yarn, factor: 16, tokens: 150000, batch_tokens: 16384}
     eval: {lengths: [512, 1024, 2048, 4096, 8192], per_length: 24}
@@ -50,6 +50,9 @@ class Stage(BaseModel):
     stages want more: a step of one 8k document is a batch of one answer."""
     lr: float | None = Field(None, gt=0, le=1)
     """Learning rate of this stage (default: the schedule's lr)."""
+    level: int | None = Field(None, ge=0, le=4)
+    """Difficulty level of this stage's training documents (default: the schedule's level); a
+    stage at level 0 warms a task up before the schedule's level (eval always uses the latter)."""
 
 
 class EvalSpec(BaseModel):
@@ -72,7 +75,8 @@ class Schedule(BaseModel):
 
     model: str = "builtin:tiny"
     kinds: tuple[str, ...] = ("needle", "multikey_retrieval", "variable_tracking")
-    level: int = Field(1, ge=1, le=4)
+    level: int = Field(1, ge=0, le=4)
+    """Difficulty level of the held-out evaluation, and of every stage that names none (0: warm-up)."""
     batch_tokens: int = Field(8192, ge=MIN_TOKENS, le=1 << 24)
     lr: float = Field(3e-4, gt=0, le=1)
     warmup_steps: int = Field(10, ge=0, le=100_000)

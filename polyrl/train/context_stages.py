@@ -112,7 +112,8 @@ class DocumentStream:
         queue = self.pending.setdefault(length, [])
         if not queue:
             self.chunks += 1
-            domain = LongContextDomain(levels=(s.level,), kinds=s.kinds, tokens=length, tokenizer=self.tokenizer)
+            level = s.level if self.stage.level is None else self.stage.level
+            domain = LongContextDomain(levels=(level,), kinds=s.kinds, tokens=length, tokenizer=self.tokenizer)
             try:
                 queue.extend(domain.sample("train", _DRAW, seed=hash_seed(s.seed, self.index, length, self.chunks)))
             except ValueError as err:  # a kind whose evidence alone is longer than this bucket
