@@ -27,10 +27,11 @@ Every answer is an integer, graded by `answer_verify` (boxed). Difficulty levels
 hops, distractors, facts and counts, and the default length (LEVEL_TOKENS); the
 `tokens` option sets one length for every level (a length sweep). Level 0, a warm-up for
 training, is drawn only when named: one hop, no distractors, 512 tokens, and consistency
-questions whose contradiction is the only repeated fact (level 1 adds agreeing restatements,
-so that a repeat alone no longer gives the answer away: the values must be compared). Which split a task
-belongs to is a stable hash of its evidence and question (`hash_split`), decided before
-the document is assembled, so train and held-out never share a question.
+questions whose contradiction is the only repeated fact (level 1 adds agreeing
+restatements, so that a repeat alone no longer gives the answer away: the values must be
+compared). Which split a task belongs to is a stable hash of its evidence and question
+(`hash_split`), decided before the document is assembled, so train and held-out never
+share a question.
 
 Out of scope: natural text (the filler is generated, and never mentions what a question
 asks about: no digits, birds, keys, variables or statements), lexical paraphrase between question and needle (NoLiMa-style), tasks whose
