@@ -64,9 +64,9 @@ def test_a_bad_schedule_is_one_line_naming_the_field(tmp_path: Path, text: str, 
     assert len(str(err.value).splitlines()) == 1
 
 
-def test_a_stage_level_sets_its_documents_level_and_eval_keeps_the_schedules(model_dir: Path) -> None:
-    """A warm-up stage (`level: 0`) draws its training documents at level 0; a stage that names
-    no level draws at the schedule's, which the held-out evaluation uses."""
+def test_a_stage_level_sets_its_training_documents_level(model_dir: Path) -> None:
+    """A stage with `level: 0` draws its training documents at level 0; a stage that names no
+    level draws at the schedule's."""
     from polyrl.train.context_stages import DocumentStream
 
     schedule = Schedule(model=str(model_dir), kinds=("consistency",), level=1,

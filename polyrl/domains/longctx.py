@@ -299,9 +299,8 @@ def consistency(rng: random.Random, level: int) -> Core:
     false = rng.choice(facts)
     wrong = rng.choice([v for v in range(false[1][1], false[1][2] + 1) if v != false[2]])
     if level == 0:  # the contradiction at a uniform place after the first, its original before it
-        others = [(f, f[2]) for f in facts if f != false]
         at = rng.randint(1, len(facts))
-        order = others[:]
+        order.remove((false, false[2]))
         order.insert(rng.randint(0, at - 1), (false, false[2]))
         order.insert(at, (false, wrong))
     else:

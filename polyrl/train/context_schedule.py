@@ -9,7 +9,7 @@
     short_share: 0.5               # documents drawn shorter than the stage's length
     seed: 0
     stages:                        # lengths increase; each stage starts from the last one's weights
-      - {max_length: 512, rope: none, tokens: 300000}            # level: 0 would warm the task up first
+      - {max_length: 512, rope: none, tokens: 300000}            # level: 0 would train it on the warm-up level
       - {max_length: 2048, rope: yarn, tokens: 150000}           # factor: max_length / the model's window
       - {max_length: 8192, rope: yarn, factor: 16, tokens: 150000, batch_tokens: 16384}
     eval: {lengths: [512, 1024, 2048, 4096, 8192], per_length: 24}
@@ -51,8 +51,8 @@ class Stage(BaseModel):
     lr: float | None = Field(None, gt=0, le=1)
     """Learning rate of this stage (default: the schedule's lr)."""
     level: int | None = Field(None, ge=0, le=4)
-    """Difficulty level of this stage's training documents (default: the schedule's level); a
-    stage at level 0 warms a task up before the schedule's level (eval always uses the latter)."""
+    """Difficulty level of this stage's training documents (default: the schedule's level), for
+    example 0, the warm-up level; the held-out evaluation always uses the schedule's level."""
 
 
 class EvalSpec(BaseModel):
