@@ -85,16 +85,20 @@ class TinyRecipe:
     code_levels: tuple[int, ...] = (1, 2, 3, 4)
     agent_levels: tuple[int, ...] = (1, 2, 3, 4)
     mix: tuple[tuple[str, float], ...] = (("math", 0.585), ("code", 0.195), ("agent", 0.159), ("alignment", 0.061))
-    """Share of demonstrations per built-in domain."""
+    """Share of demonstrations per built-in domain, and of copying tasks if `("copy", share)` is
+    added (`copy_demos`). A share of 0.08 did not teach this model to copy and is not in the
+    default (docs/results.md, 2026-12-08; `bench/copy_probe.py`)."""
 
 
 def recipe_hash(recipe: TinyRecipe) -> str:
     from polyrl.agent import call_format, engine_model
+    from polyrl.builtin import copy_demos
     from polyrl.domains import agent, agent_world, alignment, code, math
 
     h = hashlib.sha256(json.dumps(asdict(recipe), sort_keys=True).encode())
     # the data generators, the agent's text format and token layout, and this recipe
-    for module in (math, code, agent, agent_world, alignment, call_format, engine_model, inspect.getmodule(TinyRecipe)):
+    for module in (math, code, agent, agent_world, alignment, call_format, engine_model, copy_demos,
+                   inspect.getmodule(TinyRecipe)):
         h.update(inspect.getsource(module).encode())
     return h.hexdigest()[:12]
 
@@ -193,7 +197,9 @@ def _items_of(task: Task) -> list[str]:
 
 def sft_examples(recipe: TinyRecipe, n: int) -> list[list[dict]]:
     """Demonstrations as conversations (system?, user, assistant, tool, ...) from the
-    built-in domains' train splits, mixed by `recipe.mix` and shuffled together."""
+    built-in domains' train splits (and copying tasks, if the mix names "copy"), mixed by
+    `recipe.mix` and shuffled together."""
+    from polyrl.builtin.copy_demos import copy_demonstration
     from polyrl.domains.agent import AgentDomain
     from polyrl.domains.alignment import AlignmentDomain
     from polyrl.domains.code import CodeDomain
@@ -204,10 +210,18 @@ def sft_examples(recipe: TinyRecipe, n: int) -> list[list[dict]]:
                "agent": AgentDomain(levels=recipe.agent_levels), "alignment": AlignmentDomain()}
     total = sum(share for _, share in recipe.mix)
     counts = {name: round(n * share / total) for name, share in recipe.mix}
-    tasks = [t for name, k in counts.items() for t in domains[name].sample("train", k, seed=recipe.seed)]
+    unknown = sorted(set(counts) - {*domains, "copy"})
+    if unknown:
+        raise ValueError(f"recipe mix names {unknown}: choose from {sorted({*domains, 'copy'})}")
+    tasks: list[Task | None] = [t for name, k in counts.items() if name != "copy"
+                                for t in domains[name].sample("train", k, seed=recipe.seed)]
+    tasks += [None] * counts.get("copy", 0)  # a copying task, drawn in its turn
     rng.shuffle(tasks)
     examples = []
     for t in tasks:
+        if t is None:
+            examples.append(copy_demonstration(rng))
+            continue
         if t.domain == "alignment":
             examples.append([{"role": "user", "content": t.prompt},
                              {"role": "assistant", "content": _alignment_noise(t, recipe, rng)}])
