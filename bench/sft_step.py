@@ -1,10 +1,10 @@
-"""A step of the base model's supervised fine-tuning, three ways, in one process.
+"""A step of the base model's supervised fine-tuning, four ways.
 
-    python bench/sft_step.py [--steps 40] [--repeats 3]
+    python bench/sft_step.py [--steps 40] [--repeats 3] [--arms recipe,buckets,compiled,dp2]
 
 The tiny base model's build (polyrl/builtin/tiny.py) is its SFT steps, each on 64
 demonstrations packed into rows of 256 tokens. Issue 22 asks for the whole build in 5
-minutes; this measures two levers against the recipe's own step, on the recipe's
+minutes; this measures three levers against the recipe's own step, on the recipe's
 demonstrations (`sft_examples(TinyRecipe(), steps x 64)`: the recipe's mix), tokenized by a
 tokenizer trained on them as the build trains its own:
 
@@ -16,7 +16,12 @@ tokenizer trained on them as the build trains its own:
 - "compiled": the recipe's step through `torch.compile(model)`, compiled afresh each repeat
   into an empty inductor cache directory (the batches' row counts vary, so it compiles more
   than once). What the process keeps in memory still speeds up later repeats' compiles, so
-  the first repeat's overhead is the one a first build pays.
+  the first repeat's overhead is the one a first build pays;
+- "dp2": two processes of one torch thread each (torch.multiprocessing, gloo), each packing
+  half of every batch (halves of about equal tokens), the loss normalized by the whole
+  batch's answer tokens and the gradients summed across the two before the recipe's update:
+  the same update as the recipe's, up to the order of float sums. Its overhead includes the
+  processes' start.
 
 Every arm starts from the same initial weights and sees the same batches; a repeat runs the
 arms one after another. Per arm: the median seconds a step after `--warmup` steps, and its
@@ -102,11 +107,77 @@ def run_arm(arm: str, cfg: ModelConfig, batches: list[list[Segment]], bf16: bool
     return seconds
 
 
+def halves(batch: list[Segment]) -> tuple[list[Segment], list[Segment]]:
+    """The batch split in two of about equal tokens: longest first, each to the lighter half."""
+    parts: tuple[list[Segment], list[Segment]] = ([], [])
+    sizes = [0, 0]
+    for seg in sorted(batch, key=lambda s: -len(s.token_ids)):
+        k = sizes.index(min(sizes))
+        parts[k].append(seg)
+        sizes[k] += len(seg.token_ids)
+    return parts
+
+
+def _dp_worker(rank: int, port: int, cfg: ModelConfig, batches: list[list[Segment]], bf16: bool, out: str) -> None:
+    """One of two data-parallel ranks, one thread each: its half of every batch, the loss over
+    the whole batch's tokens, gradients summed across ranks (gloo) before the same update."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    model = Transformer(cfg, seed=0)
+    model.train()
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    seconds = []
+    for batch in batches:
+        start = time.perf_counter()
+        mine = halves(batch)[rank]
+        total = float(sum(sum(s.loss_mask[1:]) for s in batch))
+        ids, targets, mask, positions, documents = pack(mine, ROW)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = model(ids, positions, DocumentCausalAttention(documents, dtype=torch.float32)).float()
+        loss = (torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none") * mask).sum() / total
+        opt.zero_grad(set_to_none=False)
+        loss.backward()
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        dist.all_reduce(flat)
+        at = 0
+        for p in params:
+            p.grad.copy_(flat[at:at + p.numel()].view_as(p))
+            at += p.numel()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        seconds.append(time.perf_counter() - start)
+    if rank == 0:
+        Path(out).write_text(" ".join(map(str, seconds)))
+    dist.destroy_process_group()
+
+
+def run_dp(cfg: ModelConfig, batches: list[list[Segment]], bf16: bool) -> list[float]:
+    """Seconds of each step of two one-thread data-parallel processes (rank 0's clock)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tempfile.mktemp(prefix="polyrl-dp-")
+    start = time.perf_counter()
+    mp.spawn(_dp_worker, args=(port, cfg, batches, bf16, out), nprocs=2)
+    wall = time.perf_counter() - start
+    seconds = [float(x) for x in Path(out).read_text().split()]
+    seconds[0] += wall - sum(seconds)  # the processes' start and end count as overhead
+    return seconds
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=40, help="SFT steps per arm and repeat")
     p.add_argument("--warmup", type=int, default=8, help="steps left out of each arm's median")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--arms", default="recipe,buckets,compiled,dp2")
     args = p.parse_args()
     if args.steps <= args.warmup:
         raise SystemExit(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
@@ -116,12 +187,12 @@ def main() -> None:
     cfg, bf16 = model_config(recipe, vocab, eos), recipe.bf16_products and native_bf16()
     print(f"{len(batches)} steps of {recipe.batch_size} demonstrations, "
           f"products in {'bfloat16' if bf16 else 'float32'}, torch threads {torch.get_num_threads()}")
-    arms = ("recipe", "buckets", "compiled")
+    arms = tuple(args.arms.split(","))
     per_step: dict[str, list[float]] = {arm: [] for arm in arms}
     overhead: dict[str, list[float]] = {arm: [] for arm in arms}
     for repeat in range(args.repeats):
         for arm in arms:
-            seconds = run_arm(arm, cfg, batches, bf16)
+            seconds = run_dp(cfg, batches, bf16) if arm == "dp2" else run_arm(arm, cfg, batches, bf16)
             median = statistics.median(seconds[args.warmup:])
             per_step[arm].append(median)
             overhead[arm].append(sum(seconds) - median * len(seconds))
