@@ -84,6 +84,9 @@ class Schedule(BaseModel):
     prompt_loss_weight: float = Field(0.1, ge=0, le=1)
     short_share: float = Field(0.5, ge=0, le=1)
     seed: int = Field(0, ge=0, le=2**31)
+    """Draws each stage's training documents (by stage index) and the held-out questions. A new
+    run from a model that a run of this seed trained re-reads that run's documents stage for
+    stage: give it another seed (`--resume` is not affected: it goes on at the next stage)."""
     stages: tuple[Stage, ...] = Field(min_length=1, max_length=16)
     eval: EvalSpec = EvalSpec()
 
